@@ -1,0 +1,3 @@
+from broadcaster.cli import main
+
+main(prog_name="python -m broadcaster")

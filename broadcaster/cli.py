@@ -1,0 +1,46 @@
+"""Command line: ``agent-broadcaster serve`` (same as ``python -m broadcaster serve``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from broadcaster.settings import SettingsError, load_settings
+
+__all__ = ["main"]
+
+
+@click.group()
+def main() -> None:
+    """A Pusher-compatible real-time event server for AI agents."""
+
+
+@main.command()
+@click.option("--host", help="Interface to listen on [env BROADCASTER_HOST; 127.0.0.1].")
+@click.option("--port", type=int, help="Port; 0 picks a free one [env BROADCASTER_PORT; 8080].")
+@click.option("--backend", help="memory:// or redis://host:port/db [env BROADCASTER_BACKEND].")
+@click.option("--app-id", help="Pusher app id [env BROADCASTER_APP_ID].")
+@click.option("--app-key", help="Pusher app key [env BROADCASTER_APP_KEY].")
+@click.option("--app-secret", help="Pusher app secret [env BROADCASTER_APP_SECRET].")
+@click.option(
+    "--apps-file",
+    type=click.Path(path_type=Path),
+    help="JSON or TOML file listing several apps [env BROADCASTER_APPS_FILE].",
+)
+@click.option("--demo/--no-demo", default=None, help="Serve the demo dashboard and /run.")
+@click.option("--extension", "extensions", multiple=True, help="Extra extension to load.")
+@click.option("--activity-timeout", type=int, help="Seconds before a ping [120].")
+@click.option("--log-level", help="critical|error|warning|info|debug|trace [info].")
+def serve(**options: Any) -> None:
+    """Start the server."""
+    if not options["extensions"]:
+        options["extensions"] = None
+    try:
+        settings = load_settings(**options)
+    except SettingsError as exc:
+        raise click.ClickException(str(exc)) from None
+    from broadcaster.server import serve as run
+
+    run(settings)

@@ -1,0 +1,131 @@
+"""One validated settings object for the server.
+
+Values come, in rising priority, from defaults, an optional apps file, ``BROADCASTER_*``
+environment variables and command-line options. Invalid values stop start-up with a
+message that names the bad value (pydantic's validation error, see :func:`load_settings`).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["AppConfig", "Settings", "SettingsError", "load_settings"]
+
+
+class SettingsError(Exception):
+    """Settings could not be loaded; the message says which value is wrong and why."""
+
+
+class AppConfig(BaseModel):
+    """One Pusher application: credentials and per-app limits."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_\-.]+$")]
+    key: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_\-.]+$")]
+    secret: Annotated[str, Field(min_length=1, repr=False)]
+    enabled: bool = True
+    enable_client_messages: bool = False
+    max_connections: Annotated[int | None, Field(ge=1)] = None
+    allowed_origins: tuple[str, ...] = ("*",)
+    max_message_size: Annotated[int, Field(ge=128)] = 10_240
+    client_event_rate_limit: Annotated[int, Field(ge=1)] = 10
+    max_presence_members: Annotated[int, Field(ge=1)] = 100
+
+
+class Settings(BaseSettings):
+    """Server settings. Every field is also ``BROADCASTER_<FIELD>`` in the environment."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="BROADCASTER_", extra="forbid", validate_default=True
+    )
+
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    backend: str = "memory://"
+    app_id: Annotated[str, Field(min_length=1)] = "agent-app"
+    app_key: Annotated[str, Field(min_length=1)] = "agent-key"
+    # Development defaults so the demo runs with no set-up; production sets its own.
+    app_secret: Annotated[str, Field(min_length=1, repr=False)] = "agent-secret"  # noqa: S105
+    apps_file: Path | None = None
+    demo: bool = False
+    extensions: tuple[str, ...] = ()
+    activity_timeout: Annotated[int, Field(ge=1, le=3600)] = 120
+    log_level: str = "info"
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        scheme = value.split("://", 1)[0] if "://" in value else ""
+        if scheme not in ("memory", "redis", "rediss"):
+            raise ValueError(
+                f"unsupported backend URL {value!r}: use memory:// or redis://host:port/db"
+            )
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        levels = ("critical", "error", "warning", "info", "debug", "trace")
+        if value.lower() not in levels:
+            raise ValueError(f"unknown log level {value!r}: use one of {', '.join(levels)}")
+        return value.lower()
+
+    def apps(self) -> tuple[AppConfig, ...]:
+        """The configured apps: those of ``apps_file`` if given, else the single app
+        described by ``app_id``/``app_key``/``app_secret``."""
+        if self.apps_file is not None:
+            return _read_apps_file(self.apps_file)
+        return (AppConfig(id=self.app_id, key=self.app_key, secret=self.app_secret),)
+
+
+def _read_apps_file(path: Path) -> tuple[AppConfig, ...]:
+    text = path.read_text(encoding="utf-8")
+    raw: Any = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    entries = raw.get("apps") if isinstance(raw, dict) else raw
+    if not isinstance(entries, list) or not entries:
+        raise SettingsError(f"{path}: expected a non-empty list of apps (or {{'apps': [...]}})")
+    apps = tuple(AppConfig.model_validate(entry) for entry in entries)
+    _check_unique(apps, path)
+    return apps
+
+
+def _check_unique(apps: tuple[AppConfig, ...], path: Path) -> None:
+    for attr in ("id", "key"):
+        values = [getattr(app, attr) for app in apps]
+        dupes = sorted({v for v in values if values.count(v) > 1})
+        if dupes:
+            raise SettingsError(f"{path}: duplicate app {attr}(s): {', '.join(dupes)}")
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build and validate the settings; ``overrides`` are command-line values (``None``
+    means "not given").
+
+    Raises:
+        SettingsError: with one line per bad value, naming it.
+    """
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        settings = Settings(**given)
+        settings.apps()
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc)) from None
+    except (OSError, ValueError) as exc:
+        raise SettingsError(f"apps file: {exc}") from None
+    return settings
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "settings"
+        shown = "<hidden>" if "secret" in where else repr(err.get("input"))
+        lines.append(f"invalid setting {where}={shown}: {err['msg']}")
+    return "\n".join(lines)
