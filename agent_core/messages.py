@@ -1,0 +1,90 @@
+"""Chat messages, tool calls and token usage: the vocabulary shared by state, tools and
+model drivers. All frozen; "changing" one returns a new object."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["FinishReason", "Message", "Role", "ToolCall", "Usage"]
+
+
+class Role(StrEnum):
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class FinishReason(StrEnum):
+    """Why the model stopped producing output (OpenAI's vocabulary plus ``error``)."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    TOOL_CALLS = "tool_calls"
+    CONTENT_FILTER = "content_filter"
+    ERROR = "error"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ToolCall(_Frozen):
+    """A model's request to run one tool. ``id`` is the model's call id (never empty)."""
+
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class Usage(_Frozen):
+    """Token usage; ``total`` is prompt + completion unless a provider says otherwise."""
+
+    prompt: int = Field(default=0, ge=0)
+    completion: int = Field(default=0, ge=0)
+    total: int = Field(default=0, ge=0)
+
+    @classmethod
+    def of(cls, prompt: int = 0, completion: int = 0) -> Usage:
+        return cls(prompt=prompt, completion=completion, total=prompt + completion)
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt=self.prompt + other.prompt,
+            completion=self.completion + other.completion,
+            total=self.total + other.total,
+        )
+
+
+class Message(_Frozen):
+    """One chat message.
+
+    ``tool_calls`` is set on assistant messages that call tools; ``tool_call_id`` and
+    ``name`` on tool-result messages.
+    """
+
+    role: Role
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def system(cls, content: str) -> Message:
+        return cls(role=Role.SYSTEM, content=content)
+
+    @classmethod
+    def user(cls, content: str) -> Message:
+        return cls(role=Role.USER, content=content)
+
+    @classmethod
+    def assistant(cls, content: str = "", tool_calls: tuple[ToolCall, ...] = ()) -> Message:
+        return cls(role=Role.ASSISTANT, content=content, tool_calls=tool_calls)
+
+    @classmethod
+    def tool(cls, content: str, tool_call_id: str, name: str) -> Message:
+        return cls(role=Role.TOOL, content=content, tool_call_id=tool_call_id, name=name)

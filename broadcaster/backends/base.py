@@ -1,0 +1,136 @@
+"""The backend contract: what moves publications (and shared state) between nodes.
+
+A node owns local connections; the backend only moves publications between processes,
+keeps each channel's bounded history, and holds the state that must be seen by every
+node (presence members, subscription counts). Implementations are chosen by URL scheme
+(``memory://``, ``redis://``) in :func:`broadcaster.backends.create_backend`, and one
+conformance suite (``tests/backends/``) runs against each of them.
+
+Every method is called on the node's event loop. The handler is called on that loop too,
+synchronously, once per publication per node; it must not block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from broadcaster.publication import Position, Publication
+
+__all__ = [
+    "Backend",
+    "BackendUnavailable",
+    "ControlHandler",
+    "HistoryResult",
+    "PresenceMember",
+    "PublicationHandler",
+]
+
+PublicationHandler = Callable[[Publication], None]
+ControlHandler = Callable[[str, Mapping[str, Any]], None]
+"""Called with ``(app_id, message)`` for control messages sent by any node."""
+
+
+class BackendUnavailable(Exception):
+    """The backend cannot do this now (e.g. Redis is unreachable); the caller may retry."""
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceMember:
+    user_id: str
+    user_info: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryResult:
+    """Publications after a position, oldest first.
+
+    ``recovered`` is False when the history no longer reaches back to the position
+    asked for (trimmed, expired, or a different epoch): the client must be told, never
+    silently handed a gap. ``position`` is the channel's latest position.
+    """
+
+    publications: tuple[Publication, ...]
+    recovered: bool
+    position: Position
+
+
+class Backend(Protocol):
+    """Moves publications between nodes and keeps cross-node state."""
+
+    @property
+    def node_id(self) -> str:
+        """A unique id of this node (process), used to attribute presence and counts."""
+        ...
+
+    @property
+    def ready(self) -> bool:
+        """True while publications can be delivered (e.g. Redis is connected)."""
+        ...
+
+    async def start(self, on_publication: PublicationHandler, on_control: ControlHandler) -> None:
+        """Connect and start delivering. Raises BackendUnavailable only if the first
+        connection fails and the backend cannot retry in the background."""
+        ...
+
+    async def stop(self) -> None:
+        """Disconnect and release everything; idempotent."""
+        ...
+
+    async def subscribe(self, app_id: str, channel: str) -> None:
+        """Start receiving ``channel``'s publications on this node (first local
+        subscriber). Idempotent. Kept across reconnections of the backend."""
+        ...
+
+    async def unsubscribe(self, app_id: str, channel: str) -> None:
+        """Stop receiving ``channel`` (last local subscriber left). Idempotent."""
+        ...
+
+    async def publish(self, publication: Publication, *, history: bool = True) -> Position | None:
+        """Deliver to every node subscribed to the channel, this one included.
+
+        With ``history``, assign the channel's next position atomically with the
+        delivery, keep the publication in the channel's bounded, expiring history and
+        return the position (the delivered publication carries it). Without it (presence
+        notices, client events), nothing is stored and ``None`` is returned.
+
+        Raises:
+            BackendUnavailable: nothing was published; the caller may retry.
+        """
+        ...
+
+    async def history(self, app_id: str, channel: str, since: Position) -> HistoryResult:
+        """Publications after ``since`` (exclusive), oldest first."""
+        ...
+
+    async def presence_add(
+        self, app_id: str, channel: str, socket_id: str, member: PresenceMember
+    ) -> bool:
+        """Record a presence connection. True when ``member.user_id`` had no connection
+        on the channel before (on any node): a ``member_added`` must be sent."""
+        ...
+
+    async def presence_remove(
+        self, app_id: str, channel: str, socket_id: str
+    ) -> PresenceMember | None:
+        """Forget a presence connection. Returns the member when its user has no
+        connection left on the channel (a ``member_removed`` must be sent), else None."""
+        ...
+
+    async def presence_members(self, app_id: str, channel: str) -> list[PresenceMember]:
+        """Unique members (by user id) across all live nodes."""
+        ...
+
+    async def add_subscriptions(self, app_id: str, channel: str, delta: int) -> None:
+        """Adjust this node's subscription count for the channel by ``delta``."""
+        ...
+
+    async def subscription_counts(self, app_id: str) -> dict[str, int]:
+        """Occupied channels of the app and their subscription counts across live nodes."""
+        ...
+
+    async def send_control(self, app_id: str, message: Mapping[str, Any]) -> None:
+        """Send a control message (e.g. terminate a user's connections) to every node,
+        this one included."""
+        ...
