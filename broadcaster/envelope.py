@@ -1,0 +1,292 @@
+"""The agent event envelope: the one stable wire format for agent events.
+
+Every agent lifecycle event reaches ``agent.<session>`` subscribers as
+``{type, session_id, execution_id, timestamp, payload}`` (seed 004), carried as the
+Pusher event ``data`` with the Pusher event name equal to ``type``. The JSON Schema
+generated from these models is published in ``schemas/`` (see :func:`json_schema`) and
+versioned by :data:`SCHEMA_VERSION`; a test keeps the file current.
+
+This module is a client-side piece: publishers (and ``agent_core``'s adapter) build
+envelopes with it; the server only moves their bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+
+__all__ = [
+    "ENVELOPE_TYPES",
+    "SCHEMA_FILE",
+    "SCHEMA_VERSION",
+    "AgentContinuation",
+    "AgentStatus",
+    "ContinuationEvaluationPayload",
+    "ContinuationPayload",
+    "ContinuationSummary",
+    "Envelope",
+    "StatusPayload",
+    "StepCompleted",
+    "StepCompletedPayload",
+    "StepStarted",
+    "StepStartedPayload",
+    "StreamChunk",
+    "StreamChunkPayload",
+    "ToolCallRef",
+    "ToolCompleted",
+    "ToolCompletedPayload",
+    "ToolStarted",
+    "ToolStartedPayload",
+    "UsagePayload",
+    "channel_for",
+    "json_schema",
+    "parse_envelope",
+    "utc_timestamp",
+]
+
+SCHEMA_VERSION = "1.0.0"
+SCHEMA_FILE = "schemas/agent-envelope.v1.schema.json"
+_TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
+
+
+def utc_timestamp(moment: datetime | None = None) -> str:
+    """``moment`` (default: now) as UTC with millisecond precision and a ``Z``."""
+    moment = (moment or datetime.now(UTC)).astimezone(UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def channel_for(session_id: str) -> str:
+    """The public channel of a session: ``agent.<session>``."""
+    return f"agent.{session_id}"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --- payloads ------------------------------------------------------------------------
+
+
+class UsagePayload(_Model):
+    prompt: int = Field(default=0, ge=0)
+    completion: int = Field(default=0, ge=0)
+    total: int = Field(default=0, ge=0)
+
+
+class StatusPayload(_Model):
+    """``agent.status``: the run's overall status changed."""
+
+    status: Literal["pending", "in_progress", "completed", "failed"]
+    step_count: int = Field(default=0, ge=0)
+    error_message: str | None = None
+    last_response: str | None = None
+    stop_reason: str | None = None
+    usage: UsagePayload | None = None
+    state_url: str | None = Field(
+        default=None,
+        description="Where the final slim snapshot can be fetched (set on completion).",
+    )
+
+
+class StepStartedPayload(_Model):
+    """``agent.step.started``."""
+
+    step_number: int = Field(ge=1)
+    message_count: int = Field(default=0, ge=0)
+    available_tools: list[str] = Field(default_factory=list)
+    actor: str | None = Field(
+        default=None,
+        description="Who acts in this step (chat participant, collaborator); null for an agent.",
+    )
+
+
+class ContinuationSummary(_Model):
+    should_continue: bool
+    stop_reason: str | None = None
+    resolved_by: str
+
+
+class ToolCallRef(_Model):
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+
+
+class StepCompletedPayload(_Model):
+    """``agent.step.completed`` (``continuation`` when the trace is enabled)."""
+
+    step_number: int = Field(ge=1)
+    has_tool_calls: bool
+    errors: int = Field(default=0, ge=0)
+    finish_reason: str | None = None
+    usage: UsagePayload = UsagePayload()
+    duration_ms: float = Field(ge=0)
+    tool_calls: list[ToolCallRef] = Field(default_factory=list)
+    continuation: ContinuationSummary | None = None
+
+
+class ToolStartedPayload(_Model):
+    """``agent.tool.started``."""
+
+    tool_name: str = Field(min_length=1)
+    tool_call_id: str = Field(min_length=1)
+    args_summary: str = ""
+    step_number: int | None = Field(default=None, ge=1)
+
+
+class ToolCompletedPayload(_Model):
+    """``agent.tool.completed``."""
+
+    tool_name: str = Field(min_length=1)
+    tool_call_id: str = Field(min_length=1)
+    success: bool
+    error: str | None = None
+    duration_ms: float = Field(ge=0)
+    result_summary: str | None = None
+    step_number: int | None = Field(default=None, ge=1)
+
+
+class StreamChunkPayload(_Model):
+    """``agent.stream.chunk``: coalesced streamed text."""
+
+    chunk: str
+    is_complete: bool = False
+    tokens_delta: int = Field(default=0, ge=0)
+    chunk_index: int = Field(default=0, ge=0)
+    step_number: int | None = Field(default=None, ge=1)
+
+
+class ContinuationEvaluationPayload(_Model):
+    criterion: str
+    decision: Literal["forbid", "allow", "request", "stop"]
+    reason: str
+    stop_reason: str | None = None
+
+
+class ContinuationPayload(_Model):
+    """``agent.continuation``: the full decision for one step (debugging trace)."""
+
+    step_number: int = Field(ge=0)
+    should_continue: bool
+    stop_reason: str | None = None
+    resolved_by: str
+    evaluations: list[ContinuationEvaluationPayload]
+
+
+# --- envelopes -----------------------------------------------------------------------
+
+
+class _Envelope(_Model):
+    session_id: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_\-=@,.;]+$")
+    execution_id: str = Field(min_length=1, max_length=128)
+    timestamp: str = Field(
+        default_factory=utc_timestamp,
+        description="UTC, millisecond precision, Z suffix: 2026-01-16T10:05:00.123Z",
+        pattern=_TIMESTAMP.pattern,
+    )
+
+    @field_validator("timestamp")
+    @classmethod
+    def _utc_millis(cls, value: str) -> str:
+        if not _TIMESTAMP.match(value):
+            raise ValueError(f"timestamp {value!r} is not UTC with milliseconds and Z")
+        return value
+
+    @property
+    def channel(self) -> str:
+        return channel_for(self.session_id)
+
+    def to_json(self) -> bytes:
+        """The envelope as compact JSON bytes (what a publication carries as data)."""
+        return orjson.dumps(self.model_dump(mode="json"))
+
+
+class AgentStatus(_Envelope):
+    type: Literal["agent.status"] = "agent.status"
+    payload: StatusPayload
+
+
+class StepStarted(_Envelope):
+    type: Literal["agent.step.started"] = "agent.step.started"
+    payload: StepStartedPayload
+
+
+class StepCompleted(_Envelope):
+    type: Literal["agent.step.completed"] = "agent.step.completed"
+    payload: StepCompletedPayload
+
+
+class ToolStarted(_Envelope):
+    type: Literal["agent.tool.started"] = "agent.tool.started"
+    payload: ToolStartedPayload
+
+
+class ToolCompleted(_Envelope):
+    type: Literal["agent.tool.completed"] = "agent.tool.completed"
+    payload: ToolCompletedPayload
+
+
+class StreamChunk(_Envelope):
+    type: Literal["agent.stream.chunk"] = "agent.stream.chunk"
+    payload: StreamChunkPayload
+
+
+class AgentContinuation(_Envelope):
+    type: Literal["agent.continuation"] = "agent.continuation"
+    payload: ContinuationPayload
+
+
+Envelope = Annotated[
+    AgentStatus
+    | StepStarted
+    | StepCompleted
+    | ToolStarted
+    | ToolCompleted
+    | StreamChunk
+    | AgentContinuation,
+    Field(discriminator="type"),
+]
+ENVELOPE_TYPES = (
+    "agent.status",
+    "agent.step.started",
+    "agent.step.completed",
+    "agent.tool.started",
+    "agent.tool.completed",
+    "agent.stream.chunk",
+    "agent.continuation",
+)
+_ADAPTER: TypeAdapter[Envelope] = TypeAdapter(Envelope)
+
+
+def parse_envelope(data: str | bytes | dict[str, Any]) -> Envelope:
+    """Validate an envelope from JSON text or a dict.
+
+    Raises:
+        pydantic.ValidationError: naming the field that is wrong.
+    """
+    if isinstance(data, dict):
+        return _ADAPTER.validate_python(data)
+    return _ADAPTER.validate_json(data)
+
+
+def json_schema() -> dict[str, Any]:
+    """The published JSON Schema (draft 2020-12) of the envelope union."""
+    schema = _ADAPTER.json_schema(mode="serialization")
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"urn:agent-broadcaster:agent-envelope:{SCHEMA_VERSION}",
+        "title": "Agent event envelope",
+        "description": (
+            "One agent lifecycle event on channel agent.<session_id>, carried as the "
+            "Pusher event data; the Pusher event name equals `type`."
+        ),
+        "version": SCHEMA_VERSION,
+        **schema,
+    }
+
+
+if __name__ == "__main__":  # python -m broadcaster.envelope > schemas/...json
+    print(orjson.dumps(json_schema(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode())
