@@ -1,0 +1,72 @@
+"""Error codes: Pusher's values and what each tells a client to do."""
+
+from __future__ import annotations
+
+import pytest
+
+from broadcaster import codes
+from broadcaster.codes import SLOW_CONSUMER, ErrorCode
+from broadcaster.exceptions import ApiError, BroadcasterError, ProtocolError
+
+
+@pytest.mark.parametrize(
+    ("code", "value"),
+    [
+        (ErrorCode.APP_NOT_FOUND, 4001),
+        (ErrorCode.APP_DISABLED, 4003),
+        (ErrorCode.OVER_QUOTA, 4004),
+        (ErrorCode.PATH_NOT_FOUND, 4005),
+        (ErrorCode.INVALID_VERSION, 4006),
+        (ErrorCode.UNSUPPORTED_PROTOCOL, 4007),
+        (ErrorCode.NO_PROTOCOL_VERSION, 4008),
+        (ErrorCode.UNAUTHORIZED, 4009),
+        (ErrorCode.OVER_CAPACITY, 4100),
+        (ErrorCode.SERVER_CLOSING, 4200),
+        (ErrorCode.PONG_NOT_RECEIVED, 4201),
+        (ErrorCode.CLOSED_AFTER_INACTIVITY, 4202),
+        (ErrorCode.CLIENT_EVENT_RATE_LIMIT, 4301),
+    ],
+)
+def test_pusher_codes_have_the_protocol_values(code: ErrorCode, value: int) -> None:
+    assert code == value
+
+
+def test_slow_consumer_is_over_capacity_so_clients_back_off() -> None:
+    assert SLOW_CONSUMER is ErrorCode.OVER_CAPACITY
+    assert SLOW_CONSUMER.reconnect == "backoff"
+
+
+def test_codes_below_4300_close_and_message_errors_do_not() -> None:
+    assert ErrorCode.UNAUTHORIZED.closes_connection
+    assert ErrorCode.SERVER_CLOSING.closes_connection
+    assert not ErrorCode.INVALID_MESSAGE.closes_connection
+    assert not ErrorCode.CLIENT_EVENT_RATE_LIMIT.closes_connection
+    assert not ErrorCode.SUBSCRIPTION_UNAUTHORIZED.closes_connection
+
+
+def test_reconnect_advice_follows_pusher_ranges() -> None:
+    assert ErrorCode.APP_NOT_FOUND.reconnect == "never"
+    assert ErrorCode.OVER_CAPACITY.reconnect == "backoff"
+    assert ErrorCode.PONG_NOT_RECEIVED.reconnect == "now"
+
+
+def test_every_code_is_in_the_documented_table() -> None:
+    doc = codes.__doc__ or ""
+    for code in ErrorCode:
+        assert f"{int(code)}   {code.name}" in doc, code
+
+
+def test_protocol_error_closes_by_default_as_its_code_says() -> None:
+    assert ProtocolError(ErrorCode.UNAUTHORIZED, "no").close
+    assert not ProtocolError(ErrorCode.INVALID_MESSAGE, "no").close
+    assert not ProtocolError(ErrorCode.UNAUTHORIZED, "no", close=False).close
+
+
+def test_exceptions_share_a_base_and_protocol_errors_are_value_errors() -> None:
+    err = ProtocolError(ErrorCode.INVALID_MESSAGE, "bad")
+    assert isinstance(err, BroadcasterError)
+    assert isinstance(err, ValueError)
+    assert str(err) == "bad"
+    api = ApiError(401, "bad key")
+    assert isinstance(api, BroadcasterError)
+    assert api.body() == {"error": "bad key", "status": 401}
