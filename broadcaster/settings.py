@@ -37,6 +37,14 @@ class AppConfig(BaseModel):
     max_message_size: Annotated[int, Field(ge=128)] = 10_240
     client_event_rate_limit: Annotated[int, Field(ge=1)] = 10
     max_presence_members: Annotated[int, Field(ge=1)] = 100
+    # Bytes of a presence member's channel_data (user_id plus user_info).
+    max_presence_member_size: Annotated[int, Field(ge=64)] = 2_048
+    # HTTP API limits, Pusher's defaults: channels per event, events per batch,
+    # bytes of one event's data, characters of an event name.
+    max_event_channels: Annotated[int, Field(ge=1)] = 100
+    max_batch_size: Annotated[int, Field(ge=1)] = 10
+    max_event_data_size: Annotated[int, Field(ge=1)] = 10_240
+    max_event_name_length: Annotated[int, Field(ge=1)] = 200
 
 
 class Settings(BaseSettings):
