@@ -66,6 +66,22 @@ class Settings(BaseSettings):
     extensions: tuple[str, ...] = ()
     activity_timeout: Annotated[int, Field(ge=1, le=3600)] = 120
     log_level: str = "info"
+    # The single app's client events (apps files set this per app).
+    enable_client_messages: bool = False
+    # Seconds a client has to answer our inactivity ``pusher:ping`` before close 4201.
+    pong_timeout: Annotated[int, Field(ge=1, le=600)] = 30
+    # Slow-consumer limit: unsent bytes per connection before it is closed with 4100.
+    max_buffer_bytes: Annotated[int, Field(ge=4096, le=1 << 30)] = 1 << 20
+    # Largest HTTP API request body (413 above it).
+    max_request_bytes: Annotated[int, Field(ge=1024, le=64 << 20)] = 256 << 10
+    # Channel history kept for resume: publications per channel and seconds kept.
+    history_size: Annotated[int, Field(ge=0, le=100_000)] = 100
+    history_ttl: Annotated[int, Field(ge=1, le=7 * 86400)] = 600
+    # Key prefix of everything the Redis backend stores (several deployments per Redis).
+    redis_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_\-.:]{1,64}$")] = "broadcaster"
+    # Seconds a graceful shutdown may take before remaining work is cancelled.
+    shutdown_timeout: Annotated[float, Field(gt=0, le=300)] = 10.0
+    metrics: bool = True
 
     @field_validator("backend")
     @classmethod
@@ -90,7 +106,14 @@ class Settings(BaseSettings):
         described by ``app_id``/``app_key``/``app_secret``."""
         if self.apps_file is not None:
             return _read_apps_file(self.apps_file)
-        return (AppConfig(id=self.app_id, key=self.app_key, secret=self.app_secret),)
+        return (
+            AppConfig(
+                id=self.app_id,
+                key=self.app_key,
+                secret=self.app_secret,
+                enable_client_messages=self.enable_client_messages,
+            ),
+        )
 
 
 def _read_apps_file(path: Path) -> tuple[AppConfig, ...]:
