@@ -80,7 +80,15 @@ class ModelError(AgentError):
 
 
 class RateLimitError(ModelError):
+    """``retry_after`` is the provider's advised wait in seconds, when it gave one."""
+
     error_type = ErrorType.RATE_LIMIT
+
+    def __init__(
+        self, message: str, *, status_code: int | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message, status_code=status_code)
+        self.retry_after = retry_after
 
 
 class ModelTimeoutError(ModelError):
