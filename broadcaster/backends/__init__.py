@@ -15,8 +15,15 @@ __all__ = ["Backend", "BackendUnavailable", "HistoryResult", "PresenceMember", "
 def create_backend(url: str, **options: object) -> Backend:
     """The backend for ``url``: ``memory://`` or ``redis://host:port/db``.
 
+    Options understood by every backend: ``history_size`` (publications kept per
+    channel), ``history_ttl`` (seconds the history lives after the channel's last
+    publication), ``history_meta_ttl`` (seconds the epoch and offset live), ``node_id``
+    and ``apps`` (the app ids whose control messages this node receives). The Redis
+    backend takes more (``prefix``, ``node_ttl``, timeouts...): see
+    :class:`broadcaster.backends.redis.RedisBackend`.
+
     Raises:
-        ValueError: for an unsupported scheme.
+        ValueError: for an unsupported scheme or an invalid option.
     """
     scheme = url.split("://", 1)[0]
     if scheme == "memory":

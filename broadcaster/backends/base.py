@@ -48,7 +48,8 @@ class HistoryResult:
 
     ``recovered`` is False when the history no longer reaches back to the position
     asked for (trimmed, expired, or a different epoch): the client must be told, never
-    silently handed a gap. ``position`` is the channel's latest position.
+    silently handed a gap. ``publications`` is then empty. ``position`` is the channel's
+    latest position.
     """
 
     publications: tuple[Publication, ...]
@@ -101,7 +102,24 @@ class Backend(Protocol):
         ...
 
     async def history(self, app_id: str, channel: str, since: Position) -> HistoryResult:
-        """Publications after ``since`` (exclusive), oldest first."""
+        """Publications after ``since`` (exclusive), oldest first.
+
+        Only the last ``history_size`` publications of a channel are kept, and the whole
+        history expires ``history_ttl`` seconds after the channel's last publication.
+
+        Raises:
+            BackendUnavailable: the history cannot be read now.
+        """
+        ...
+
+    async def position(self, app_id: str, channel: str) -> Position:
+        """The channel's latest position (offset 0 of a new epoch if nothing was published
+        yet), to hand a new subscriber so that it can resume later. The epoch is created
+        if needed, so the answer stays valid for the next publications.
+
+        Raises:
+            BackendUnavailable: the position cannot be read now.
+        """
         ...
 
     async def presence_add(

@@ -1,0 +1,64 @@
+"""The backend factory: every conformance test runs once per backend.
+
+``memory`` is single-node (one process holds everything), so tests that need two nodes
+are skipped for it; ``redis`` nodes are separate backends sharing the session's private
+Redis under a prefix unique to the test, as separate processes would.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from broadcaster.backends import create_backend
+from tests.backends.helpers import APP, OTHER_APP, Node
+
+
+class BackendFactory:
+    """Starts backends of one kind (``memory`` or ``redis``) as nodes of one cluster."""
+
+    def __init__(self, kind: str, url: str) -> None:
+        self.kind = kind
+        self.url = url
+        self.prefix = f"test-{uuid.uuid4().hex[:12]}"
+        self.nodes: list[Node] = []
+
+    @property
+    def multi_node(self) -> bool:
+        return self.kind != "memory"
+
+    def require_multi_node(self) -> None:
+        if not self.multi_node:
+            pytest.skip("the memory backend is single-node: its instances share nothing")
+
+    async def node(self, **options: Any) -> Node:
+        """A started node; ``options`` go to the backend's constructor."""
+        options.setdefault("apps", (APP, OTHER_APP))
+        if self.kind == "redis":
+            options.setdefault("prefix", self.prefix)
+        node = Node(create_backend(self.url, **options))
+        await node.backend.start(node.on_publication, node.on_control)
+        self.nodes.append(node)
+        return node
+
+    async def close(self) -> None:
+        for node in self.nodes:
+            await node.backend.stop()
+
+
+def _url(kind: str, request: pytest.FixtureRequest) -> str:
+    if kind == "memory":
+        return "memory://"
+    server = request.getfixturevalue("redis_server")
+    url: str = server.url
+    return url
+
+
+@pytest.fixture(params=["memory"])
+async def backend_factory(request: pytest.FixtureRequest) -> AsyncIterator[BackendFactory]:
+    factory = BackendFactory(request.param, _url(request.param, request))
+    yield factory
+    await factory.close()

@@ -1,0 +1,433 @@
+"""The backend contract (``broadcaster.backends.base.Backend``), run against every
+backend through the ``backend_factory`` fixture."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from broadcaster.backends import BackendUnavailable, PresenceMember
+from broadcaster.publication import Position, Publication
+from tests.backends.conftest import BackendFactory
+from tests.backends.helpers import APP, OTHER_APP, Node, eventually, eventually_async
+
+
+def pub(channel: str, data: str = "{}", app_id: str = APP, **extra: str) -> Publication:
+    return Publication(app_id, channel, "agent.event", data, **extra)  # type: ignore[arg-type]
+
+
+async def two_nodes(factory: BackendFactory, **options: object) -> tuple[Node, Node]:
+    """Two nodes of one cluster (the same node twice for a single-node backend)."""
+    first = await factory.node(**options)
+    second = await factory.node(**options) if factory.multi_node else first
+    return first, second
+
+
+# -- delivery -----------------------------------------------------------------------------
+
+
+async def test_publication_reaches_only_nodes_subscribed_to_its_channel(
+    backend_factory: BackendFactory,
+) -> None:
+    publisher, subscriber = await two_nodes(backend_factory)
+    await subscriber.backend.subscribe(APP, "chat")
+
+    await publisher.backend.publish(pub("nobody-listens"))
+    position = await publisher.backend.publish(pub("chat", '{"n":1}'))
+
+    await subscriber.wait_for("chat")
+    await subscriber.fence()
+    assert [p.data for p in subscriber.on("chat")] == ['{"n":1}']
+    assert subscriber.on("chat")[0].position == position
+    assert subscriber.on("nobody-listens") == []
+    if backend_factory.multi_node:
+        await publisher.fence()
+        assert {p.channel for p in publisher.publications} == {"fence"}
+
+
+async def test_unsubscribe_stops_delivery(backend_factory: BackendFactory) -> None:
+    publisher, subscriber = await two_nodes(backend_factory)
+    await subscriber.backend.subscribe(APP, "chat")
+    await publisher.backend.publish(pub("chat", "before"))
+    await subscriber.wait_for("chat")
+
+    await subscriber.backend.unsubscribe(APP, "chat")
+    await subscriber.backend.unsubscribe(APP, "chat")  # idempotent
+    await publisher.backend.publish(pub("chat", "after"))
+    await subscriber.fence()
+
+    assert [p.data for p in subscriber.on("chat")] == ["before"]
+
+
+async def test_subscribe_is_idempotent(backend_factory: BackendFactory) -> None:
+    node = await backend_factory.node()
+    await node.backend.subscribe(APP, "chat")
+    await node.backend.subscribe(APP, "chat")
+    await node.backend.publish(pub("chat"))
+    await node.fence()
+    assert len(node.on("chat")) == 1
+
+
+async def test_many_publications_arrive_in_order_with_consecutive_positions(
+    backend_factory: BackendFactory,
+) -> None:
+    publisher, subscriber = await two_nodes(backend_factory)
+    await subscriber.backend.subscribe(APP, "chat")
+
+    positions = [await publisher.backend.publish(pub("chat", str(i))) for i in range(300)]
+
+    await subscriber.wait_for("chat", 300)
+    received = subscriber.on("chat")
+    assert [p.data for p in received] == [str(i) for i in range(300)]
+    assert [p.position for p in received] == positions
+    assert positions[0] is not None
+    epoch = positions[0].epoch
+    assert positions == [Position(i + 1, epoch) for i in range(300)]
+
+
+async def test_concurrent_publishes_are_delivered_in_position_order(
+    backend_factory: BackendFactory,
+) -> None:
+    """The position and the delivery are assigned together, so delivery order is
+    offset order even when publishes race."""
+    publisher, subscriber = await two_nodes(backend_factory)
+    await subscriber.backend.subscribe(APP, "chat")
+
+    results = await asyncio.gather(*(publisher.backend.publish(pub("chat")) for _ in range(100)))
+
+    await subscriber.wait_for("chat", 100)
+    offsets = [p.position.offset for p in subscriber.on("chat") if p.position]
+    assert offsets == list(range(1, 101))
+    assert sorted(r.offset for r in results if r) == offsets
+
+
+async def test_publish_without_history_has_no_position_and_is_not_kept(
+    backend_factory: BackendFactory,
+) -> None:
+    node = await backend_factory.node()
+    await node.backend.subscribe(APP, "chat")
+    start = await node.backend.position(APP, "chat")
+
+    assert await node.backend.publish(pub("chat", "volatile"), history=False) is None
+
+    await node.wait_for("chat")
+    assert node.on("chat")[0].position is None
+    result = await node.backend.history(APP, "chat", start)
+    assert result == type(result)((), recovered=True, position=start)
+
+
+async def test_publication_fields_are_carried_through(backend_factory: BackendFactory) -> None:
+    publisher, subscriber = await two_nodes(backend_factory)
+    await subscriber.backend.subscribe(APP, "presence-room")
+    sent = Publication(
+        APP,
+        "presence-room",
+        "client-typing",
+        '{"text":"h\\u00e9llo \\ud83d\\ude00","n":[1,2]}',
+        exclude_socket_id="123.456",
+        user_id="user-7",
+    )
+    start = await publisher.backend.position(APP, "presence-room")
+
+    position = await publisher.backend.publish(sent)
+
+    await subscriber.wait_for("presence-room")
+    expected = Publication(
+        sent.app_id, sent.channel, sent.event, sent.data, "123.456", "user-7", position
+    )
+    assert subscriber.on("presence-room") == [expected]
+    history = await subscriber.backend.history(APP, "presence-room", start)
+    assert history.publications == (expected,)
+
+
+async def test_handler_failure_does_not_stop_delivery(backend_factory: BackendFactory) -> None:
+    node = await backend_factory.node()
+    record = node.on_publication
+
+    def fail_on_boom(publication: Publication) -> None:
+        if publication.data == "boom":
+            raise RuntimeError("handler bug")
+        record(publication)
+
+    node.on_publication = fail_on_boom  # type: ignore[method-assign]
+    await node.backend.stop()
+    await node.backend.start(node.on_publication, node.on_control)
+    await eventually(lambda: node.backend.ready, "the restarted backend to be ready")
+    await node.backend.subscribe(APP, "chat")
+
+    await node.backend.publish(pub("chat", "boom"))
+    await node.backend.publish(pub("chat", "fine"))
+
+    await node.wait_for("chat")
+    assert [p.data for p in node.on("chat")] == ["fine"]
+
+
+# -- history ------------------------------------------------------------------------------
+
+
+async def test_history_since_a_position_returns_what_followed(
+    backend_factory: BackendFactory,
+) -> None:
+    publisher, reader = await two_nodes(backend_factory)
+    start = await reader.backend.position(APP, "chat")
+    assert start.offset == 0
+    positions = [await publisher.backend.publish(pub("chat", str(i))) for i in range(5)]
+    assert positions[1] is not None
+    assert positions[4] is not None
+    assert start.epoch == positions[4].epoch
+
+    after_second = await reader.backend.history(APP, "chat", positions[1])
+    from_start = await reader.backend.history(APP, "chat", start)
+    at_latest = await reader.backend.history(APP, "chat", positions[4])
+
+    assert after_second.recovered
+    assert [p.data for p in after_second.publications] == ["2", "3", "4"]
+    assert [p.position for p in after_second.publications] == positions[2:]
+    assert after_second.position == positions[4]
+    assert from_start.recovered
+    assert [p.data for p in from_start.publications] == ["0", "1", "2", "3", "4"]
+    assert at_latest == type(at_latest)((), recovered=True, position=positions[4])
+    assert await reader.backend.position(APP, "chat") == positions[4]
+
+
+async def test_history_keeps_only_the_last_history_size_publications(
+    backend_factory: BackendFactory,
+) -> None:
+    node = await backend_factory.node(history_size=3)
+    positions = [await node.backend.publish(pub("chat", str(i))) for i in range(6)]
+    assert positions[0] is not None
+    assert positions[2] is not None
+
+    trimmed = await node.backend.history(APP, "chat", positions[0])
+    kept = await node.backend.history(APP, "chat", positions[2])
+
+    assert not trimmed.recovered
+    assert trimmed.publications == ()
+    assert trimmed.position == positions[5]
+    assert kept.recovered
+    assert [p.data for p in kept.publications] == ["3", "4", "5"]
+
+
+async def test_history_of_another_epoch_is_not_recovered(
+    backend_factory: BackendFactory,
+) -> None:
+    node = await backend_factory.node()
+    latest = await node.backend.publish(pub("chat"))
+    assert latest is not None
+
+    for since in (Position(0, "other-epoch"), Position(1, "other-epoch")):
+        result = await node.backend.history(APP, "chat", since)
+        assert result == type(result)((), recovered=False, position=latest)
+
+
+async def test_history_from_a_future_offset_is_not_recovered(
+    backend_factory: BackendFactory,
+) -> None:
+    node = await backend_factory.node()
+    latest = await node.backend.publish(pub("chat"))
+    assert latest is not None
+
+    result = await node.backend.history(APP, "chat", Position(5, latest.epoch))
+
+    assert not result.recovered
+    assert result.position == latest
+
+
+async def test_history_expires_after_history_ttl(backend_factory: BackendFactory) -> None:
+    node = await backend_factory.node(history_ttl=0.2)
+    first = await node.backend.publish(pub("chat", "0"))
+    latest = await node.backend.publish(pub("chat", "1"))
+    assert first is not None
+
+    assert (await node.backend.history(APP, "chat", first)).recovered
+
+    async def expired() -> bool:
+        return not (await node.backend.history(APP, "chat", first)).recovered
+
+    await eventually_async(expired, "the history to expire")
+    # The epoch and offset outlive the history: nothing missed is still "recovered".
+    at_latest = await node.backend.history(APP, "chat", latest)  # type: ignore[arg-type]
+    assert at_latest.recovered
+    assert at_latest.position == latest
+    assert await node.backend.publish(pub("chat", "2")) == Position(3, first.epoch)
+
+
+async def test_history_is_per_channel(backend_factory: BackendFactory) -> None:
+    node = await backend_factory.node()
+    a = await node.backend.publish(pub("a"))
+    b = await node.backend.publish(pub("b"))
+    assert a is not None
+    assert b is not None
+    assert a.offset == b.offset == 1
+    assert (await node.backend.history(APP, "a", Position(0, a.epoch))).publications[0].channel == (
+        "a"
+    )
+
+
+# -- presence -----------------------------------------------------------------------------
+
+
+async def test_presence_member_added_once_and_removed_when_last_connection_leaves(
+    backend_factory: BackendFactory,
+) -> None:
+    node = await backend_factory.node()
+    alice = PresenceMember("alice", {"name": "Alice"})
+    bob = PresenceMember("bob", None)
+    backend = node.backend
+
+    assert await backend.presence_add(APP, "presence-room", "1.1", alice) is True
+    assert await backend.presence_add(APP, "presence-room", "1.2", alice) is False
+    assert await backend.presence_add(APP, "presence-room", "1.2", alice) is False  # again
+    assert await backend.presence_add(APP, "presence-room", "2.1", bob) is True
+    members = await backend.presence_members(APP, "presence-room")
+    assert sorted(members, key=lambda m: m.user_id) == [alice, bob]
+
+    assert await backend.presence_remove(APP, "presence-room", "1.1") is None
+    assert await backend.presence_remove(APP, "presence-room", "1.2") == alice
+    assert await backend.presence_remove(APP, "presence-room", "1.2") is None  # idempotent
+    assert await backend.presence_remove(APP, "presence-room", "9.9") is None  # unknown
+    assert await backend.presence_members(APP, "presence-room") == [bob]
+    assert await backend.presence_remove(APP, "presence-room", "2.1") == bob
+    assert await backend.presence_members(APP, "presence-room") == []
+
+
+async def test_presence_is_shared_across_nodes(backend_factory: BackendFactory) -> None:
+    backend_factory.require_multi_node()
+    first, second = await two_nodes(backend_factory)
+    alice = PresenceMember("alice", {"n": 1})
+
+    assert await first.backend.presence_add(APP, "presence-room", "1.1", alice) is True
+    assert await second.backend.presence_add(APP, "presence-room", "2.1", alice) is False
+    assert await second.backend.presence_members(APP, "presence-room") == [alice]
+
+    assert await first.backend.presence_remove(APP, "presence-room", "1.1") is None
+    assert await second.backend.presence_remove(APP, "presence-room", "2.1") == alice
+    assert await first.backend.presence_members(APP, "presence-room") == []
+
+
+async def test_racing_nodes_announce_a_user_once(backend_factory: BackendFactory) -> None:
+    backend_factory.require_multi_node()
+    first, second = await two_nodes(backend_factory)
+
+    for i in range(20):
+        member = PresenceMember(f"user-{i}")
+        added = await asyncio.gather(
+            first.backend.presence_add(APP, "presence-room", f"1.{i}", member),
+            second.backend.presence_add(APP, "presence-room", f"2.{i}", member),
+        )
+        assert sorted(added) == [False, True]
+        removed = await asyncio.gather(
+            first.backend.presence_remove(APP, "presence-room", f"1.{i}"),
+            second.backend.presence_remove(APP, "presence-room", f"2.{i}"),
+        )
+        assert sorted(removed, key=lambda m: m is not None) == [None, member]
+
+
+# -- subscription counts ------------------------------------------------------------------
+
+
+async def test_subscription_counts_are_summed_over_nodes(
+    backend_factory: BackendFactory,
+) -> None:
+    first, second = await two_nodes(backend_factory)
+
+    await first.backend.add_subscriptions(APP, "chat", 2)
+    await second.backend.add_subscriptions(APP, "chat", 1)
+    await second.backend.add_subscriptions(APP, "news", 1)
+    assert await first.backend.subscription_counts(APP) == {"chat": 3, "news": 1}
+    assert await second.backend.subscription_counts(APP) == {"chat": 3, "news": 1}
+
+    await first.backend.add_subscriptions(APP, "chat", -2)
+    await second.backend.add_subscriptions(APP, "news", -1)
+    assert await first.backend.subscription_counts(APP) == {"chat": 1}
+    await second.backend.add_subscriptions(APP, "chat", -1)
+    assert await first.backend.subscription_counts(APP) == {}
+
+
+# -- control ------------------------------------------------------------------------------
+
+
+async def test_control_messages_reach_every_node(backend_factory: BackendFactory) -> None:
+    first, second = await two_nodes(backend_factory)
+    message = {"type": "terminate_connections", "user_id": "alice"}
+
+    await first.backend.send_control(APP, message)
+
+    for node in {id(n): n for n in (first, second)}.values():
+        await eventually(lambda n=node: bool(n.controls), "the control message")  # type: ignore[misc]
+        assert node.controls == [(APP, message)]
+
+
+# -- isolation ----------------------------------------------------------------------------
+
+
+async def test_apps_never_see_each_others_channels(backend_factory: BackendFactory) -> None:
+    publisher, subscriber = await two_nodes(backend_factory)
+    for app_id in (APP, OTHER_APP):
+        await subscriber.backend.subscribe(app_id, "chat")
+
+    one = await publisher.backend.publish(pub("chat", "for app1"))
+    await publisher.backend.presence_add(APP, "presence-room", "1.1", PresenceMember("alice"))
+    await publisher.backend.add_subscriptions(APP, "chat", 1)
+    await publisher.backend.send_control(APP, {"type": "x"})
+    await subscriber.fence(OTHER_APP)
+
+    assert [p.data for p in subscriber.on("chat")] == ["for app1"]
+    assert subscriber.on("chat", OTHER_APP) == []
+    assert one is not None
+    other_start = await subscriber.backend.position(OTHER_APP, "chat")
+    assert other_start.offset == 0
+    other = await subscriber.backend.history(OTHER_APP, "chat", Position(0, one.epoch))
+    assert other.publications == ()
+    assert await subscriber.backend.presence_members(OTHER_APP, "presence-room") == []
+    assert await subscriber.backend.subscription_counts(OTHER_APP) == {}
+    await eventually(lambda: bool(subscriber.controls), "the control message")
+    assert [app for app, _ in subscriber.controls] == [APP]
+
+
+async def test_deployments_with_different_prefixes_never_cross(
+    backend_factory: BackendFactory,
+) -> None:
+    backend_factory.require_multi_node()
+    ours = await backend_factory.node()
+    theirs = await backend_factory.node(prefix=backend_factory.prefix + "-other")
+    for node in (ours, theirs):
+        await node.backend.subscribe(APP, "chat")
+
+    mine = await ours.backend.publish(pub("chat", "ours"))
+    await ours.backend.presence_add(APP, "presence-room", "1.1", PresenceMember("alice"))
+    await ours.backend.add_subscriptions(APP, "chat", 1)
+    await ours.backend.send_control(APP, {"type": "x"})
+    await ours.wait_for("chat")
+    await theirs.fence()
+
+    assert theirs.on("chat") == []
+    assert theirs.controls == []
+    assert mine is not None
+    assert (await theirs.backend.position(APP, "chat")).epoch != mine.epoch
+    assert await theirs.backend.presence_members(APP, "presence-room") == []
+    assert await theirs.backend.subscription_counts(APP) == {}
+
+
+# -- lifecycle ----------------------------------------------------------------------------
+
+
+async def test_ready_after_start_and_not_after_stop(backend_factory: BackendFactory) -> None:
+    node = await backend_factory.node()
+    assert node.backend.ready
+    assert node.backend.node_id
+
+    await node.backend.stop()
+    await node.backend.stop()  # idempotent
+
+    assert not node.backend.ready
+
+
+async def test_publish_after_stop_raises_backend_unavailable(
+    backend_factory: BackendFactory,
+) -> None:
+    node = await backend_factory.node()
+    await node.backend.stop()
+    with pytest.raises(BackendUnavailable, match="stopped"):
+        await node.backend.publish(pub("chat"))
