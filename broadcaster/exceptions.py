@@ -32,13 +32,23 @@ class ProtocolError(BroadcasterError, ValueError):
         message: what is wrong, in words a client developer can act on.
         close: whether the connection must be closed with ``code``; defaults to
             ``code.closes_connection``.
+        channel: the (valid) channel a failed ``pusher:subscribe`` named, so the server
+            can answer with ``pusher:subscription_error`` on that channel.
     """
 
-    def __init__(self, code: ErrorCode, message: str, *, close: bool | None = None) -> None:
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        close: bool | None = None,
+        channel: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.close = code.closes_connection if close is None else close
+        self.channel = channel
 
     def __repr__(self) -> str:
         return f"ProtocolError({self.code.name}, {self.message!r}, close={self.close})"
