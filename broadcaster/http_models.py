@@ -1,0 +1,218 @@
+"""Request bodies of the Pusher HTTP API, validated without I/O.
+
+``POST /apps/{app_id}/events`` takes one event::
+
+    {"name": "agent.step", "data": "<text>", "channel": "agent.1" | "channels": [...],
+     "socket_id": "123.456"?, "info": "user_count,subscription_count"?}
+
+``POST /apps/{app_id}/batch_events`` takes ``{"batch": [event, ...]}`` where each event
+names one ``channel``. :func:`parse_trigger` and :func:`parse_batch` return normalized
+:class:`TriggerRequest` objects or raise :class:`~broadcaster.exceptions.ApiError` (400
+with what is wrong, 413 when ``data`` is over the app's limit).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
+
+from broadcaster.channels import validate_channel_name
+from broadcaster.exceptions import ApiError, ProtocolError
+from broadcaster.protocol import is_valid_socket_id
+from broadcaster.settings import AppConfig
+
+__all__ = [
+    "INFO_ATTRIBUTES",
+    "RESERVED_EVENT_PREFIXES",
+    "TriggerRequest",
+    "parse_batch",
+    "parse_info",
+    "parse_trigger",
+]
+
+RESERVED_EVENT_PREFIXES = ("pusher:", "pusher_internal:", "broadcaster:")
+"""Event names the server sends itself; the HTTP API refuses them."""
+
+INFO_ATTRIBUTES = frozenset({"user_count", "subscription_count"})
+"""The channel attributes a request may ask for in ``info``."""
+
+
+class TriggerRequest(BaseModel):
+    """One event to publish, normalized: always a tuple of distinct ``channels``.
+
+    ``socket_id`` is the publisher's connection, excluded from delivery; ``info`` is the
+    set of channel attributes to return in the response.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    data: str
+    channels: tuple[str, ...]
+    socket_id: str | None = None
+    info: frozenset[str] = frozenset()
+
+
+class _EventBody(BaseModel):
+    # Unknown fields are ignored: SDKs may send fields of newer API versions.
+    model_config = ConfigDict(extra="ignore")
+
+    name: StrictStr
+    data: StrictStr
+    channel: StrictStr | None = None
+    channels: list[StrictStr] | None = None
+    socket_id: StrictStr | None = None
+    info: StrictStr | None = None
+
+
+class _BatchBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    batch: list[Any]
+
+
+def parse_trigger(body: bytes, app: AppConfig) -> TriggerRequest:
+    """Validate the body of ``POST /apps/{app_id}/events``.
+
+    Raises:
+        ApiError: 400 saying which field is wrong; 413 if ``data`` is larger than
+            ``app.max_event_data_size``.
+    """
+    return _event(_json_object(body), app, where="")
+
+
+def parse_batch(body: bytes, app: AppConfig) -> list[TriggerRequest]:
+    """Validate the body of ``POST /apps/{app_id}/batch_events``.
+
+    Raises:
+        ApiError: 400 saying which event and field is wrong (``batch[2]: name is required``) or
+            that the batch is empty or over ``app.max_batch_size``; 413 if an event's
+            ``data`` is over the limit.
+    """
+    try:
+        events = _BatchBody.model_validate(_json_object(body)).batch
+    except ValidationError as exc:
+        raise ApiError(400, _describe(exc, "")) from None
+    if not events:
+        raise ApiError(400, f"batch is empty: send 1 to {app.max_batch_size} events")
+    if len(events) > app.max_batch_size:
+        raise ApiError(400, f"batch has {len(events)} events; the limit is {app.max_batch_size}")
+    return [_event(event, app, where=f"batch[{i}]: ") for i, event in enumerate(events)]
+
+
+def parse_info(text: str | None) -> frozenset[str]:
+    """Parse an ``info`` parameter: comma-separated attributes.
+
+    Raises:
+        ApiError: 400 naming an unknown attribute.
+    """
+    if not text:
+        return frozenset()
+    attributes = frozenset(part.strip() for part in text.split(",") if part.strip())
+    unknown = sorted(attributes - INFO_ATTRIBUTES)
+    if unknown:
+        allowed = ", ".join(sorted(INFO_ATTRIBUTES))
+        raise ApiError(400, f"unknown info attribute(s) {', '.join(unknown)}: use {allowed}")
+    return attributes
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    if not body:
+        raise ApiError(400, "request body is empty: send a JSON object")
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    return value
+
+
+def _event(value: object, app: AppConfig, where: str) -> TriggerRequest:
+    if not isinstance(value, dict):
+        raise ApiError(400, f"{where}event must be a JSON object")
+    try:
+        body = _EventBody.model_validate(value)
+    except ValidationError as exc:
+        raise ApiError(400, _describe(exc, where)) from None
+    _check_name(body.name, app, where)
+    _check_data(body.data, app, where)
+    _check_socket_id(body.socket_id, where)
+    return TriggerRequest(
+        name=body.name,
+        data=body.data,
+        channels=_channels(body, app, where),
+        socket_id=body.socket_id,
+        info=_info(body.info, where),
+    )
+
+
+def _check_name(name: str, app: AppConfig, where: str) -> None:
+    if not name:
+        raise ApiError(400, f"{where}name is empty")
+    if len(name) > app.max_event_name_length:
+        raise ApiError(
+            400,
+            f"{where}name is {len(name)} characters long; the limit is {app.max_event_name_length}",
+        )
+    if name.startswith(RESERVED_EVENT_PREFIXES):
+        raise ApiError(
+            400,
+            f"{where}name {name!r} is reserved: event names may not start with "
+            + ", ".join(RESERVED_EVENT_PREFIXES),
+        )
+
+
+def _check_data(data: str, app: AppConfig, where: str) -> None:
+    size = len(data.encode("utf-8", "surrogatepass"))
+    if size > app.max_event_data_size:
+        raise ApiError(
+            413,
+            f"{where}data is {size} bytes; the limit is {app.max_event_data_size} bytes",
+        )
+
+
+def _check_socket_id(socket_id: str | None, where: str) -> None:
+    if socket_id is not None and not is_valid_socket_id(socket_id):
+        raise ApiError(400, f"{where}socket_id {socket_id!r} is not a socket id like '123.456'")
+
+
+def _channels(body: _EventBody, app: AppConfig, where: str) -> tuple[str, ...]:
+    if (body.channel is None) == (body.channels is None):
+        raise ApiError(400, f"{where}give exactly one of 'channel' or 'channels'")
+    names = [body.channel] if body.channel is not None else body.channels or []
+    if not names:
+        raise ApiError(400, f"{where}channels is empty: name 1 to {app.max_event_channels}")
+    if len(names) > app.max_event_channels:
+        raise ApiError(
+            400,
+            f"{where}channels has {len(names)} channels; the limit is {app.max_event_channels}",
+        )
+    for name in names:
+        try:
+            validate_channel_name(name)
+        except ProtocolError as exc:
+            raise ApiError(400, f"{where}{exc.message}") from None
+    return tuple(dict.fromkeys(names))
+
+
+def _info(text: str | None, where: str) -> frozenset[str]:
+    try:
+        return parse_info(text)
+    except ApiError as exc:
+        raise ApiError(exc.status, f"{where}info: {exc.message}") from None
+
+
+def _describe(exc: ValidationError, where: str) -> str:
+    return "; ".join(_describe_one(err, where) for err in exc.errors())
+
+
+def _describe_one(err: Any, where: str) -> str:
+    field = ".".join(str(part) for part in err["loc"])
+    if err["type"] == "missing":
+        return f"{where}{field} is required"
+    if field == "data" and err["type"] == "string_type":
+        return f"{where}data must be a string: encode objects as JSON text first"
+    return f"{where}{field}: {err['msg']}"

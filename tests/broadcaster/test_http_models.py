@@ -1,0 +1,154 @@
+"""HTTP API bodies: trigger and batch events validated with clear 400/413 errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from broadcaster.exceptions import ApiError
+from broadcaster.http_models import TriggerRequest, parse_batch, parse_info, parse_trigger
+from broadcaster.settings import AppConfig
+
+APP = AppConfig(id="3", key="k", secret="s")
+
+
+def body(**fields: Any) -> bytes:
+    return orjson.dumps(fields)
+
+
+def refused(raw: bytes, app: AppConfig = APP) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        parse_trigger(raw, app)
+    return info.value
+
+
+def test_the_protocol_vector_body_parses() -> None:
+    raw = b'{"name":"foo","channels":["project-3"],"data":"{\\"some\\":\\"data\\"}"}'
+    assert parse_trigger(raw, APP) == TriggerRequest(
+        name="foo", data='{"some":"data"}', channels=("project-3",)
+    )
+
+
+def test_single_channel_socket_id_and_info_are_normalized() -> None:
+    raw = body(name="e", data="x", channel="agent.1", socket_id="1.2", info="user_count")
+    assert parse_trigger(raw, APP) == TriggerRequest(
+        name="e",
+        data="x",
+        channels=("agent.1",),
+        socket_id="1.2",
+        info=frozenset({"user_count"}),
+    )
+
+
+def test_duplicate_channels_are_published_once_in_order() -> None:
+    raw = body(name="e", data="x", channels=["b", "a", "b"])
+    assert parse_trigger(raw, APP).channels == ("b", "a")
+
+
+def test_unknown_fields_are_ignored_for_newer_sdks() -> None:
+    assert parse_trigger(body(name="e", data="x", channel="a", tags=["t"]), APP).name == "e"
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        (b"", "request body is empty"),
+        (b"{", "request body is not valid JSON"),
+        (b"[]", "request body must be a JSON object"),
+        (body(data="x", channel="a"), "name is required"),
+        (body(name="e", channel="a"), "data is required"),
+        (body(name="e", data={"a": 1}, channel="a"), "data must be a string: encode objects"),
+        (body(name=5, data="x", channel="a"), "name: Input should be a valid string"),
+        (body(name="", data="x", channel="a"), "name is empty"),
+        (body(name="e" * 201, data="x", channel="a"), "201 characters long; the limit is 200"),
+        (body(name="pusher:x", data="x", channel="a"), "'pusher:x' is reserved"),
+        (body(name="pusher_internal:x", data="x", channel="a"), "is reserved"),
+        (body(name="broadcaster:resume", data="x", channel="a"), "is reserved"),
+        (body(name="e", data="x"), "give exactly one of 'channel' or 'channels'"),
+        (body(name="e", data="x", channel="a", channels=["b"]), "exactly one of"),
+        (body(name="e", data="x", channels=[]), "channels is empty"),
+        (body(name="e", data="x", channels="a"), "channels: Input should be a valid list"),
+        (body(name="e", data="x", channels=[f"c{i}" for i in range(101)]), "101 channels"),
+        (body(name="e", data="x", channel="a b"), "invalid channel: channel name 'a b'"),
+        (body(name="e", data="x", channel="x" * 165), "the limit is 164"),
+        (body(name="e", data="x", channel="a", socket_id="abc"), "socket_id 'abc' is not"),
+        (body(name="e", data="x", channel="a", socket_id=12), "socket_id: Input should be"),
+        (body(name="e", data="x", channel="a", info="bogus"), "info: unknown info attribute"),
+    ],
+)
+def test_bad_trigger_bodies_get_400_saying_what_is_wrong(raw: bytes, fragment: str) -> None:
+    error = refused(raw)
+    assert error.status == 400
+    assert fragment in error.message
+
+
+def test_data_over_the_limit_is_413() -> None:
+    error = refused(body(name="e", data="é" * 5121, channel="a"))
+    assert error.status == 413
+    assert "data is 10242 bytes; the limit is 10240 bytes" in error.message
+
+
+def test_limits_come_from_the_app() -> None:
+    app = AppConfig(id="3", key="k", secret="s", max_event_channels=2, max_event_data_size=3)
+    assert (
+        "the limit is 2" in refused(body(name="e", data="x", channels=["a", "b", "c"]), app).message
+    )
+    assert refused(body(name="e", data="xxxx", channel="a"), app).status == 413
+
+
+def test_a_batch_parses_into_requests() -> None:
+    raw = body(
+        batch=[
+            {"name": "a", "data": "1", "channel": "c1"},
+            {"name": "b", "data": "2", "channel": "c2", "socket_id": "1.1"},
+        ]
+    )
+    assert parse_batch(raw, APP) == [
+        TriggerRequest(name="a", data="1", channels=("c1",)),
+        TriggerRequest(name="b", data="2", channels=("c2",), socket_id="1.1"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "fragment"),
+    [
+        (b"{}", 400, "batch is required"),
+        (body(batch={}), 400, "batch: Input should be a valid list"),
+        (body(batch=[]), 400, "batch is empty"),
+        (
+            body(batch=[{"name": "a", "data": "1", "channel": "c"}] * 11),
+            400,
+            "11 events; the limit is 10",
+        ),
+        (
+            body(batch=[{"name": "a", "data": "1", "channel": "c"}, 5]),
+            400,
+            "batch[1]: event must be a JSON object",
+        ),
+        (
+            body(batch=[{"name": "a", "data": 1, "channel": "c"}]),
+            400,
+            "batch[0]: data must be a string",
+        ),
+        (body(batch=[{"name": "a", "data": "1"}]), 400, "batch[0]: give exactly one"),
+        (
+            body(batch=[{"name": "a", "data": "x" * 10241, "channel": "c"}]),
+            413,
+            "batch[0]: data is 10241 bytes",
+        ),
+    ],
+)
+def test_bad_batches_say_which_event_is_wrong(raw: bytes, status: int, fragment: str) -> None:
+    with pytest.raises(ApiError) as info:
+        parse_batch(raw, APP)
+    assert info.value.status == status
+    assert fragment in info.value.message
+
+
+def test_info_attributes() -> None:
+    assert parse_info(None) == frozenset()
+    assert parse_info("user_count, subscription_count") == {"user_count", "subscription_count"}
+    with pytest.raises(ApiError, match="unknown info attribute"):
+        parse_info("user_count,bogus")
