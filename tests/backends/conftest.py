@@ -57,7 +57,7 @@ def _url(kind: str, request: pytest.FixtureRequest) -> str:
     return url
 
 
-@pytest.fixture(params=["memory"])
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
 async def backend_factory(request: pytest.FixtureRequest) -> AsyncIterator[BackendFactory]:
     factory = BackendFactory(request.param, _url(request.param, request))
     yield factory

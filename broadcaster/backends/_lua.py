@@ -1,0 +1,218 @@
+"""The Redis backend's Lua scripts: each one is a single atomic step.
+
+Scripts read node heartbeat keys named from an argument (not declared in ``KEYS``), so
+they target a standalone Redis (or a primary with replicas), not Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
+
+__all__ = [
+    "HISTORY",
+    "PRESENCE_ADD",
+    "PRESENCE_MEMBERS",
+    "PRESENCE_REMOVE",
+    "PRESENCE_RESTORE",
+    "PUBLISH",
+    "SUBSCRIPTION_COUNTS",
+    "Script",
+]
+
+
+@dataclass(frozen=True)
+class Script:
+    """A Lua script run by SHA, sent in full only when Redis does not know it yet (a
+    restarted or flushed Redis)."""
+
+    source: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        digest = hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
+        object.__setattr__(self, "sha", digest)
+
+    async def run(
+        self, client: Redis, keys: Sequence[str], args: Sequence[str | int | bytes]
+    ) -> Any:
+        try:
+            return await client.evalsha(self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await client.eval(self.source, len(keys), *keys, *args)
+
+
+# Epoch and offset live in the channel's meta hash (e, o); the stream's entry ids are
+# "<offset>-0", so history after an offset is an XRANGE from "<offset + 1>-0". A new epoch
+# drops any stream left over from the old one.
+_EPOCH = """
+local epoch = redis.call('HGET', KEYS[1], 'e')
+if not epoch then
+  epoch = NEW_EPOCH
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[1], 'e', epoch)
+  redis.call('PEXPIRE', KEYS[1], META_TTL)
+end
+"""
+
+PUBLISH = Script(
+    """
+-- KEYS: meta, stream. ARGV: pubsub channel, payload without its closing bracket,
+-- history size, history ttl ms, meta ttl ms, new epoch.
+"""
+    + _EPOCH.replace("NEW_EPOCH", "ARGV[6]").replace("META_TTL", "ARGV[5]")
+    + """
+local offset = redis.call('HINCRBY', KEYS[1], 'o', 1)
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+local payload = ARGV[2] .. ',' .. offset .. ',"' .. epoch .. '"]'
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], offset .. '-0', 'p', payload)
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+redis.call('PUBLISH', ARGV[1], payload)
+return {offset, epoch}
+"""
+)
+
+HISTORY = Script(
+    """
+-- KEYS: meta, stream. ARGV: since offset, since epoch, history size, meta ttl ms,
+-- new epoch, "1" to read publications or "0" for the position only.
+-- Returns {epoch, top offset, recovered (0/1), payloads...}.
+"""
+    + _EPOCH.replace("NEW_EPOCH", "ARGV[5]").replace("META_TTL", "ARGV[4]")
+    + """
+local top = tonumber(redis.call('HGET', KEYS[1], 'o') or '0')
+if ARGV[6] == '0' or epoch ~= ARGV[2] then return {epoch, top, 0} end
+local missed = top - tonumber(ARGV[1])
+if missed < 0 or missed > tonumber(ARGV[3]) then return {epoch, top, 0} end
+if missed == 0 then return {epoch, top, 1} end
+local entries = redis.call('XRANGE', KEYS[2], (top - missed + 1) .. '-0', '+')
+if #entries ~= missed then return {epoch, top, 0} end
+local out = {epoch, top, 1}
+for i = 1, #entries do out[i + 3] = entries[i][2][2] end
+return out
+"""
+)
+
+# Presence entries are socket_id -> {"n": node id, "u": user id, "i": user info}. An
+# entry whose node has no heartbeat key is dead: it is ignored and deleted.
+_ALIVE = """
+local alive = {}
+local function is_alive(node)
+  local live = alive[node]
+  if live == nil then
+    live = redis.call('EXISTS', NODE_PREFIX .. node) == 1
+    alive[node] = live
+  end
+  return live
+end
+"""
+
+PRESENCE_ADD = Script(
+    """
+-- KEYS: presence, this node's heartbeat. ARGV: socket id, entry, user id,
+-- node key prefix, node ttl ms, this node's id. Returns 1 when the user is new.
+"""
+    + _ALIVE.replace("NODE_PREFIX", "ARGV[4]")
+    + """
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[5])
+alive[ARGV[6]] = true
+local existed = 0
+local entries = redis.call('HGETALL', KEYS[1])
+for i = 1, #entries, 2 do
+  local m = cjson.decode(entries[i + 1])
+  if not is_alive(m.n) then
+    redis.call('HDEL', KEYS[1], entries[i])
+  elseif m.u == ARGV[3] then
+    existed = 1
+  end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return 1 - existed
+"""
+)
+
+PRESENCE_REMOVE = Script(
+    """
+-- KEYS: presence. ARGV: socket id, the entry as this node knows it, node key prefix,
+-- this node's id. Returns 1 when the user has no live connection left.
+"""
+    + _ALIVE.replace("NODE_PREFIX", "ARGV[3]")
+    + """
+alive[ARGV[4]] = true
+redis.call('HDEL', KEYS[1], ARGV[1])
+local user = cjson.decode(ARGV[2]).u
+local entries = redis.call('HGETALL', KEYS[1])
+for i = 1, #entries, 2 do
+  local m = cjson.decode(entries[i + 1])
+  if m.u == user and is_alive(m.n) then return 0 end
+end
+return 1
+"""
+)
+
+PRESENCE_MEMBERS = Script(
+    """
+-- KEYS: presence. ARGV: node key prefix. Returns the entries of live nodes.
+"""
+    + _ALIVE.replace("NODE_PREFIX", "ARGV[1]")
+    + """
+local out = {}
+local entries = redis.call('HGETALL', KEYS[1])
+for i = 1, #entries, 2 do
+  if is_alive(cjson.decode(entries[i + 1]).n) then out[#out + 1] = entries[i + 1] end
+end
+return out
+"""
+)
+
+PRESENCE_RESTORE = Script(
+    """
+-- KEYS: presence. ARGV: this node's id, ttl ms, then socket id / entry pairs: replaces
+-- this node's entries with the given ones.
+local entries = redis.call('HGETALL', KEYS[1])
+for i = 1, #entries, 2 do
+  if cjson.decode(entries[i + 1]).n == ARGV[1] then redis.call('HDEL', KEYS[1], entries[i]) end
+end
+for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+if #ARGV > 2 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 1
+"""
+)
+
+SUBSCRIPTION_COUNTS = Script(
+    """
+-- KEYS: the app's set of counting nodes. ARGV: per-node count hash prefix, node key
+-- prefix. Returns channel / total pairs over live nodes; forgets dead nodes.
+local totals, names = {}, {}
+for _, node in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  if redis.call('EXISTS', ARGV[2] .. node) == 1 then
+    local counts = redis.call('HGETALL', ARGV[1] .. node)
+    for i = 1, #counts, 2 do
+      local name = counts[i]
+      if totals[name] == nil then
+        names[#names + 1] = name
+        totals[name] = 0
+      end
+      totals[name] = totals[name] + tonumber(counts[i + 1])
+    end
+  else
+    redis.call('SREM', KEYS[1], node)
+    redis.call('DEL', ARGV[1] .. node)
+  end
+end
+local out = {}
+for _, name in ipairs(names) do
+  if totals[name] > 0 then
+    out[#out + 1] = name
+    out[#out + 1] = totals[name]
+  end
+end
+return out
+"""
+)

@@ -1,0 +1,812 @@
+"""The Redis backend: many nodes (processes, hosts) share publications through Redis.
+
+Layout, for ``prefix`` P and app A (app ids and channel names contain no ``:``)::
+
+    P:A:pub:<channel>        pub/sub channel of the channel's publications
+    P:A:#control             pub/sub channel of the app's control messages
+    P:A:meta:<channel>       hash {e: epoch, o: last offset}
+    P:A:stream:<channel>     stream of the last publications, entry id "<offset>-0"
+    P:A:presence:<channel>   hash socket id -> {"n": node, "u": user id, "i": user info}
+    P:A:subs:<node>          hash channel -> this node's subscription count
+    P:A:subs-nodes           set of nodes that count subscriptions for A
+    P:#node:<node>           heartbeat of a live node (expires after ``node_ttl``)
+
+Pub/sub channels are not scoped by the database number, so deployments that share a
+Redis must use different prefixes.
+
+One publication is one Lua script (:data:`broadcaster.backends._lua.PUBLISH`): epoch,
+offset, stream entry and ``PUBLISH`` happen together, so the delivered position and the
+stored one cannot disagree and delivery order is offset order. The payload is the
+compact JSON array made by :func:`encode_publication`; agent processes that publish
+straight to Redis use :func:`publish_via_redis`, the same function the backend uses.
+
+Each node ``SUBSCRIBE``\\ s only to the channels its clients use, on one pub/sub
+connection (no socket timeout: a heartbeat ``PING`` checks it) read by one task that
+decodes each message once and calls the handler. When Redis is lost the node stays up,
+:attr:`RedisBackend.ready` turns False, and a background task reconnects with capped,
+jittered exponential backoff, subscribes again to every channel it had and rewrites this
+node's presence entries and subscription counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import re
+import secrets
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection, Connection, parse_url
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
+
+from broadcaster.backends import _lua
+from broadcaster.backends.base import (
+    BackendUnavailable,
+    ControlHandler,
+    HistoryResult,
+    PresenceMember,
+    PublicationHandler,
+)
+from broadcaster.backends.memory import (
+    DEFAULT_HISTORY_META_TTL,
+    DEFAULT_HISTORY_SIZE,
+    DEFAULT_HISTORY_TTL,
+    check_history_options,
+    new_epoch,
+)
+from broadcaster.publication import Position, Publication
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "FORMAT_VERSION",
+    "RedisBackend",
+    "decode_publication",
+    "encode_publication",
+    "publish_via_redis",
+]
+
+DEFAULT_PREFIX = "agentbc"
+FORMAT_VERSION = 1
+
+log = logging.getLogger(__name__)
+
+_ERRORS = (RedisError, OSError)
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+# -- the wire format --------------------------------------------------------------------
+
+
+def encode_publication(publication: Publication) -> bytes:
+    """The publication as published to Redis, without its position:
+    ``[1, app_id, channel, event, data, exclude_socket_id, user_id]``. The publish
+    script appends ``offset, epoch`` before the closing bracket."""
+    p = publication
+    return orjson.dumps(
+        [FORMAT_VERSION, p.app_id, p.channel, p.event, p.data, p.exclude_socket_id, p.user_id]
+    )
+
+
+def decode_publication(payload: bytes | str) -> Publication:
+    """Decode a payload made by :func:`encode_publication` (and the publish script).
+
+    Raises:
+        ValueError: if ``payload`` is not such a payload.
+    """
+    try:
+        v = orjson.loads(payload)
+        if v[0] != FORMAT_VERSION:
+            raise ValueError(f"unknown payload format version {v[0]!r}")
+        if len(v) == 9:
+            return Publication(v[1], v[2], v[3], v[4], v[5], v[6], Position(v[7], v[8]))
+        return Publication(v[1], v[2], v[3], v[4], v[5], v[6])
+    except (orjson.JSONDecodeError, IndexError, KeyError, TypeError) as exc:
+        raise ValueError(f"not a publication payload: {payload[:80]!r}") from exc
+
+
+def publication_channel(prefix: str, app_id: str, channel: str) -> str:
+    """The Redis pub/sub channel of ``channel``'s publications."""
+    return f"{prefix}:{app_id}:pub:{channel}"
+
+
+async def publish_via_redis(
+    client: Redis,
+    prefix: str,
+    publication: Publication,
+    history: bool = True,
+    *,
+    history_size: int = DEFAULT_HISTORY_SIZE,
+    history_ttl: float = DEFAULT_HISTORY_TTL,
+    history_meta_ttl: float = DEFAULT_HISTORY_META_TTL,
+) -> Position | None:
+    """Publish ``publication`` to every node of the deployment using ``prefix``, as the
+    Redis backend does; for processes (agents) that publish without running a node.
+
+    Args:
+        client: a ``redis.asyncio.Redis`` client of the deployment's Redis.
+        prefix: the deployment's key prefix (the backend's ``prefix`` option).
+        publication: what to publish; its ``position`` is ignored.
+        history: keep it in the channel's history and give it the next position.
+        history_size: publications kept per channel (as configured on the nodes).
+        history_ttl: seconds the history lives after the channel's last publication.
+        history_meta_ttl: seconds the channel's epoch and offset live.
+
+    Returns:
+        The publication's position, or None without ``history``.
+
+    Raises:
+        redis.exceptions.RedisError: from the client.
+    """
+    p = publication
+    name = publication_channel(prefix, p.app_id, p.channel)
+    payload = encode_publication(p)
+    if not history:
+        await client.publish(name, payload)
+        return None
+    keys = (f"{prefix}:{p.app_id}:meta:{p.channel}", f"{prefix}:{p.app_id}:stream:{p.channel}")
+    args = (name, payload[:-1], history_size, _ms(history_ttl), _ms(history_meta_ttl))
+    offset, epoch = await _lua.PUBLISH.run(client, keys, (*args, new_epoch()))
+    return Position(int(offset), _text(epoch))
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def safe_url(url: str) -> str:
+    """``url`` without credentials, for logs and errors."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "<invalid redis url>"
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
+# -- the backend ------------------------------------------------------------------------
+
+
+class RedisBackend:
+    """A :class:`~broadcaster.backends.base.Backend` shared by every node using the same
+    Redis and ``prefix``.
+
+    Args:
+        url: ``redis://[user:password@]host:port/db`` (or ``rediss://``, ``unix://``).
+        prefix: namespace of every key and pub/sub channel of this deployment.
+        apps: ids of the apps whose control messages this node receives.
+        history_size: publications kept per channel (approximately trimmed in Redis,
+            exactly enforced on read).
+        history_ttl: seconds the history lives after the channel's last publication.
+        history_meta_ttl: seconds the channel's epoch and offset live after its last
+            publication.
+        node_id: this node's id (letters, digits, ``_.-``); random by default.
+        node_ttl: seconds after its last heartbeat when a node counts as dead: its
+            presence entries and subscription counts are then ignored and deleted.
+        heartbeat_interval: seconds between heartbeats (default ``node_ttl / 3``).
+        command_timeout: seconds a command may take before it fails.
+        connect_timeout: seconds a connection attempt may take.
+        reconnect_min: first delay before reconnecting; doubled per failure...
+        reconnect_max: ...up to this many seconds (each delay jittered by up to -50%).
+
+    Raises:
+        ValueError: for an invalid URL or option, naming it.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        apps: Sequence[str] = (),
+        history_size: int = DEFAULT_HISTORY_SIZE,
+        history_ttl: float = DEFAULT_HISTORY_TTL,
+        history_meta_ttl: float = DEFAULT_HISTORY_META_TTL,
+        node_id: str | None = None,
+        node_ttl: float = 30.0,
+        heartbeat_interval: float | None = None,
+        command_timeout: float = 2.0,
+        connect_timeout: float = 2.0,
+        reconnect_min: float = 0.1,
+        reconnect_max: float = 10.0,
+    ) -> None:
+        check_history_options(history_size, history_ttl, history_meta_ttl)
+        _check_options(prefix, node_id, node_ttl, heartbeat_interval, reconnect_min, reconnect_max)
+        try:
+            self._connect_kwargs: dict[str, Any] = dict(parse_url(url))
+        except ValueError as exc:
+            raise ValueError(f"invalid Redis URL {safe_url(url)!r}: {exc}") from None
+        self.url = safe_url(url)
+        self.prefix = prefix
+        self.apps = tuple(apps)
+        self.history_size = history_size
+        self.history_ttl = history_ttl
+        self.history_meta_ttl = history_meta_ttl
+        self.node_ttl = node_ttl
+        self.heartbeat_interval = heartbeat_interval or node_ttl / 3
+        self.command_timeout = command_timeout
+        self.connect_timeout = connect_timeout
+        self.reconnect_min = reconnect_min
+        self.reconnect_max = reconnect_max
+        self.reconnects = 0
+        """Times the connection to Redis was lost and established again."""
+        self._node_id = node_id or secrets.token_hex(8)
+        self._node_key = f"{prefix}:#node:{self._node_id}"
+        self._node_prefix = f"{prefix}:#node:"
+        self._client = Redis.from_url(
+            url,
+            protocol=2,
+            socket_timeout=command_timeout,
+            socket_connect_timeout=connect_timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._ready = False
+        self._stopped = True
+        self._ever_connected = False
+        self._on_publication: PublicationHandler | None = None
+        self._on_control: ControlHandler | None = None
+        self._pubsub: AbstractConnection | None = None
+        self._pong_at = 0.0
+        self._channels: set[bytes] = set()
+        self._waiters: dict[tuple[bytes, bytes], deque[asyncio.Future[None]]] = {}
+        self._presence: dict[str, dict[str, bytes]] = {}
+        self._presence_dirty: set[str] = set()
+        self._counts: dict[str, dict[str, int]] = {}
+        self._counts_dirty = False
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def node_id(self) -> str:
+        return self._node_id
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self, on_publication: PublicationHandler, on_control: ControlHandler) -> None:
+        """Connect and start delivering. If Redis cannot be reached, return anyway (not
+        ready) and keep reconnecting in the background.
+
+        Raises:
+            BackendUnavailable: Redis refused the credentials or the connection setup.
+        """
+        self._on_publication = on_publication
+        self._on_control = on_control
+        self._stopped = False
+        if not self.apps:
+            log.warning("no apps given to the Redis backend: control messages won't arrive")
+        try:
+            await self._connect()
+        except (AuthenticationError, ResponseError) as exc:
+            await self.stop()
+            raise BackendUnavailable(f"Redis at {self.url} refused this node: {exc}") from None
+        except _ERRORS as exc:
+            log.warning(
+                "Redis at %s is unreachable (%s); retrying in the background", self.url, exc
+            )
+        self._tasks = [
+            asyncio.create_task(self._supervise(), name="redis-backend-reader"),
+            asyncio.create_task(self._heartbeat_forever(), name="redis-backend-heartbeat"),
+        ]
+
+    async def stop(self) -> None:
+        """Stop the tasks, withdraw this node's heartbeat and counts, and disconnect;
+        idempotent."""
+        if self._stopped and not self._tasks:
+            return
+        self._stopped = True
+        self._ready = False
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        with contextlib.suppress(*_ERRORS):
+            await self._withdraw()
+        self._channels.clear()
+        self._presence.clear()
+        self._presence_dirty.clear()
+        self._counts.clear()
+        await self._drop_pubsub()
+        with contextlib.suppress(*_ERRORS):
+            await self._client.connection_pool.disconnect()
+        log.info("Redis backend of node %s stopped", self._node_id)
+
+    # -- pub/sub --------------------------------------------------------------------------
+
+    async def subscribe(self, app_id: str, channel: str) -> None:
+        """Receive ``channel`` on this node; returns once Redis confirmed it. While Redis
+        is unreachable the channel is recorded and subscribed on reconnection."""
+        name = publication_channel(self.prefix, app_id, channel).encode()
+        if name not in self._channels:
+            self._channels.add(name)
+            await self._pubsub_command(b"subscribe", name)
+
+    async def unsubscribe(self, app_id: str, channel: str) -> None:
+        """Stop receiving ``channel``; returns once Redis confirmed it (or at once while
+        Redis is unreachable)."""
+        name = publication_channel(self.prefix, app_id, channel).encode()
+        if name in self._channels:
+            self._channels.discard(name)
+            await self._pubsub_command(b"unsubscribe", name)
+
+    async def publish(self, publication: Publication, *, history: bool = True) -> Position | None:
+        """See :meth:`broadcaster.backends.base.Backend.publish`.
+
+        Raises:
+            BackendUnavailable: Redis is unreachable (nothing was published) or a
+                command timed out (the publication may or may not have gone out).
+        """
+        self._check_ready()
+        try:
+            return await publish_via_redis(
+                self._client,
+                self.prefix,
+                publication,
+                history,
+                history_size=self.history_size,
+                history_ttl=self.history_ttl,
+                history_meta_ttl=self.history_meta_ttl,
+            )
+        except _ERRORS as exc:
+            raise self._failed("publish", exc) from exc
+
+    async def send_control(self, app_id: str, message: Mapping[str, Any]) -> None:
+        """Publish a control message to every node that lists ``app_id`` in ``apps``.
+
+        Raises:
+            BackendUnavailable: Redis is unreachable.
+        """
+        self._check_ready()
+        payload = orjson.dumps({"app": app_id, "message": message})
+        try:
+            await self._client.publish(self._control_channel(app_id), payload)
+        except _ERRORS as exc:
+            raise self._failed("send a control message", exc) from exc
+
+    # -- history --------------------------------------------------------------------------
+
+    async def history(self, app_id: str, channel: str, since: Position) -> HistoryResult:
+        reply = await self._history(app_id, channel, since, read=True)
+        position = Position(int(reply[1]), _text(reply[0]))
+        if not reply[2]:
+            return HistoryResult((), recovered=False, position=position)
+        publications = tuple(map(decode_publication, reply[3:]))
+        return HistoryResult(publications, recovered=True, position=position)
+
+    async def position(self, app_id: str, channel: str) -> Position:
+        reply = await self._history(app_id, channel, Position(0, ""), read=False)
+        return Position(int(reply[1]), _text(reply[0]))
+
+    async def _history(
+        self, app_id: str, channel: str, since: Position, *, read: bool
+    ) -> list[Any]:
+        self._check_ready()
+        keys = (self._key(app_id, "meta", channel), self._key(app_id, "stream", channel))
+        args = (since.offset, since.epoch, self.history_size, _ms(self.history_meta_ttl))
+        try:
+            reply: list[Any] = await _lua.HISTORY.run(
+                self._client, keys, (*args, new_epoch(), "1" if read else "0")
+            )
+        except _ERRORS as exc:
+            raise self._failed("read the history", exc) from exc
+        return reply
+
+    # -- presence -------------------------------------------------------------------------
+
+    async def presence_add(
+        self, app_id: str, channel: str, socket_id: str, member: PresenceMember
+    ) -> bool:
+        """See :meth:`broadcaster.backends.base.Backend.presence_add`.
+
+        Raises:
+            BackendUnavailable: Redis is unreachable; nothing was recorded.
+            ValueError: ``member.user_info`` is not JSON-serialisable.
+        """
+        self._check_ready()
+        key = self._key(app_id, "presence", channel)
+        entry = self._entry(member)
+        self._presence.setdefault(key, {})[socket_id] = entry
+        args = (socket_id, entry, member.user_id, self._node_prefix)
+        try:
+            added = await _lua.PRESENCE_ADD.run(
+                self._client,
+                (key, self._node_key),
+                (*args, _ms(self.node_ttl), self._node_id),
+            )
+        except _ERRORS as exc:
+            self._forget_local(key, socket_id)
+            self._presence_dirty.add(key)
+            raise self._failed("record a presence member", exc) from exc
+        return bool(added)
+
+    async def presence_remove(
+        self, app_id: str, channel: str, socket_id: str
+    ) -> PresenceMember | None:
+        """See :meth:`broadcaster.backends.base.Backend.presence_remove`.
+
+        Raises:
+            BackendUnavailable: Redis is unreachable; the connection is forgotten here
+                and removed from Redis on reconnection, but no ``member_removed`` can
+                be decided now.
+        """
+        key = self._key(app_id, "presence", channel)
+        entry = self._forget_local(key, socket_id)
+        if entry is None:
+            return None
+        member = self._member(entry)
+        try:
+            self._check_ready()
+            last = await _lua.PRESENCE_REMOVE.run(
+                self._client, (key,), (socket_id, entry, self._node_prefix, self._node_id)
+            )
+        except (BackendUnavailable, *_ERRORS) as exc:
+            self._presence_dirty.add(key)
+            if isinstance(exc, BackendUnavailable):
+                raise
+            raise self._failed("remove a presence member", exc) from exc
+        return member if last else None
+
+    async def presence_members(self, app_id: str, channel: str) -> list[PresenceMember]:
+        """Unique members (by user id) across live nodes.
+
+        Raises:
+            BackendUnavailable: Redis is unreachable.
+        """
+        self._check_ready()
+        key = self._key(app_id, "presence", channel)
+        try:
+            entries = await _lua.PRESENCE_MEMBERS.run(self._client, (key,), (self._node_prefix,))
+        except _ERRORS as exc:
+            raise self._failed("read presence members", exc) from exc
+        unique: dict[str, PresenceMember] = {}
+        for entry in entries:
+            member = self._member(entry)
+            unique.setdefault(member.user_id, member)
+        return list(unique.values())
+
+    def _entry(self, member: PresenceMember) -> bytes:
+        try:
+            return orjson.dumps({"n": self._node_id, "u": member.user_id, "i": member.user_info})
+        except TypeError as exc:
+            raise ValueError(f"user_info of {member.user_id!r} is not JSON: {exc}") from None
+
+    @staticmethod
+    def _member(entry: bytes) -> PresenceMember:
+        data = orjson.loads(entry)
+        return PresenceMember(data["u"], data["i"])
+
+    def _forget_local(self, key: str, socket_id: str) -> bytes | None:
+        local = self._presence.get(key)
+        if local is None:
+            return None
+        entry = local.pop(socket_id, None)
+        if not local:
+            del self._presence[key]
+        return entry
+
+    # -- subscription counts --------------------------------------------------------------
+
+    async def add_subscriptions(self, app_id: str, channel: str, delta: int) -> None:
+        """Adjust this node's count. Never fails: while Redis is unreachable the count is
+        kept here and written on reconnection."""
+        counts = self._counts.setdefault(app_id, {})
+        count = counts.get(channel, 0) + delta
+        if count > 0:
+            counts[channel] = count
+        else:
+            counts.pop(channel, None)
+        if not self._ready:
+            self._counts_dirty = True
+            return
+        key = self._key(app_id, "subs", self._node_id)
+        pipe = self._client.pipeline(transaction=False)
+        if count > 0:
+            pipe.hset(key, channel, count)
+        else:
+            pipe.hdel(key, channel)
+        self._refresh_counts(pipe, app_id)
+        try:
+            await pipe.execute()
+        except _ERRORS as exc:
+            self._counts_dirty = True
+            log.debug("subscription count not written (%s); retried by the heartbeat", exc)
+
+    async def subscription_counts(self, app_id: str) -> dict[str, int]:
+        """Raises:
+        BackendUnavailable: Redis is unreachable."""
+        self._check_ready()
+        keys = (self._key(app_id, "subs-nodes"),)
+        args = (self._key(app_id, "subs", ""), self._node_prefix)
+        try:
+            flat = await _lua.SUBSCRIPTION_COUNTS.run(self._client, keys, args)
+        except _ERRORS as exc:
+            raise self._failed("read subscription counts", exc) from exc
+        return {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+    def _refresh_counts(self, pipe: Any, app_id: str) -> None:
+        ttl = _ms(self.node_ttl)
+        pipe.pexpire(self._key(app_id, "subs", self._node_id), ttl)
+        pipe.sadd(self._key(app_id, "subs-nodes"), self._node_id)
+        pipe.pexpire(self._key(app_id, "subs-nodes"), ttl)
+
+    # -- internals: names and errors ------------------------------------------------------
+
+    def _key(self, app_id: str, kind: str, name: str | None = None) -> str:
+        if name is None:
+            return f"{self.prefix}:{app_id}:{kind}"
+        return f"{self.prefix}:{app_id}:{kind}:{name}"
+
+    def _control_channel(self, app_id: str) -> str:
+        return f"{self.prefix}:{app_id}:#control"
+
+    def _check_ready(self) -> None:
+        if self._stopped:
+            raise BackendUnavailable("the Redis backend is stopped (or not started yet)")
+        if not self._ready:
+            raise BackendUnavailable(
+                f"Redis at {self.url} is unreachable; the node is reconnecting, retry later"
+            )
+
+    def _failed(self, action: str, exc: BaseException) -> BackendUnavailable:
+        return BackendUnavailable(f"could not {action} through Redis at {self.url}: {exc}")
+
+    # -- internals: connection ------------------------------------------------------------
+
+    def _new_pubsub_connection(self) -> AbstractConnection:
+        kwargs = dict(self._connect_kwargs)
+        connection_class = kwargs.pop("connection_class", Connection)
+        # No socket timeout: an idle channel is normal. The heartbeat PINGs instead.
+        kwargs.update(
+            protocol=2,  # RESP2: messages come back from read_response, not push handlers
+            socket_timeout=None,
+            socket_connect_timeout=self.connect_timeout,
+            socket_keepalive=True,
+            retry=Retry(NoBackoff(), 0),
+        )
+        connection: AbstractConnection = connection_class(**kwargs)
+        return connection
+
+    async def _connect(self) -> None:
+        """Connect both connections, subscribe to everything this node had and write its
+        state; then the node is ready."""
+        await self._client.connection_pool.disconnect()
+        await self._client.ping()
+        conn = self._new_pubsub_connection()
+        try:
+            await conn.connect()  # type: ignore[no-untyped-call]
+            self._pubsub = conn
+            names = [self._control_channel(app).encode() for app in self.apps]
+            names += self._channels
+            if names:
+                await conn.send_command("SUBSCRIBE", *names, check_health=False)
+            await self._restore()
+        except BaseException:
+            self._pubsub = None
+            await conn.disconnect(nowait=True)
+            raise
+        self._pong_at = asyncio.get_running_loop().time()
+        self._ready = True
+        if self._ever_connected:
+            self.reconnects += 1
+            log.info("reconnected to Redis at %s (reconnection %d)", self.url, self.reconnects)
+        else:
+            log.info("connected to Redis at %s as node %s", self.url, self._node_id)
+        self._ever_connected = True
+
+    async def _supervise(self) -> None:
+        delay = self.reconnect_min
+        while True:
+            conn = self._pubsub
+            if conn is None:
+                try:
+                    await self._connect()
+                except Exception as exc:
+                    pause = delay * (1 - random.random() / 2)  # noqa: S311 - jitter, not crypto
+                    log.debug("Redis at %s still unreachable (%s)", self.url, exc)
+                    await asyncio.sleep(pause)
+                    delay = min(delay * 2, self.reconnect_max)
+                    continue
+                delay = self.reconnect_min
+                continue
+            try:
+                await self._read(conn)
+            except _ERRORS as exc:
+                await self._lost(exc)
+            except Exception as exc:
+                log.exception("unexpected error reading from Redis")
+                await self._lost(exc)
+
+    async def _lost(self, exc: BaseException) -> None:
+        self._ready = False
+        log.warning("lost the connection to Redis at %s (%s); reconnecting", self.url, exc)
+        await self._drop_pubsub()
+        for waiters in self._waiters.values():
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+        self._waiters.clear()
+
+    async def _drop_pubsub(self) -> None:
+        conn, self._pubsub = self._pubsub, None
+        if conn is not None:
+            with contextlib.suppress(*_ERRORS):
+                await conn.disconnect(nowait=True)
+
+    async def _read(self, conn: AbstractConnection) -> None:
+        """Read the pub/sub connection until it fails: one decode and one handler call
+        per publication."""
+        on_publication = self._on_publication
+        assert on_publication is not None
+        while True:
+            reply = await conn.read_response()
+            kind = reply[0]
+            if kind == b"message":
+                data = reply[2]
+                if data[:1] == b"[":
+                    self._deliver(on_publication, data)
+                else:
+                    self._control(data)
+            elif kind == b"pong":
+                self._pong_at = asyncio.get_running_loop().time()
+            elif kind in (b"subscribe", b"unsubscribe"):
+                self._confirm(kind, reply[1])
+
+    @staticmethod
+    def _deliver(on_publication: PublicationHandler, data: bytes) -> None:
+        try:
+            publication = decode_publication(data)
+        except ValueError:
+            log.warning("dropped a malformed publication: %r", data[:200])
+            return
+        try:
+            on_publication(publication)
+        except Exception:
+            log.exception("publication handler failed on channel %s", publication.channel)
+
+    def _control(self, data: bytes) -> None:
+        try:
+            decoded = orjson.loads(data)
+            app_id, message = decoded["app"], decoded["message"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            log.warning("dropped a malformed control message: %r", data[:200])
+            return
+        if self._on_control is None:
+            return
+        try:
+            self._on_control(app_id, message)
+        except Exception:
+            log.exception("control handler failed on a message of app %s", app_id)
+
+    async def _pubsub_command(self, kind: bytes, name: bytes) -> None:
+        """Send SUBSCRIBE/UNSUBSCRIBE and wait for Redis to confirm it; give up quietly
+        when the connection is lost (the reconnection restores ``_channels``)."""
+        conn = self._pubsub
+        if conn is None or not conn.is_connected:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        waiters = self._waiters.setdefault((kind, name), deque())
+        waiters.append(waiter)
+        try:
+            await conn.send_command(kind.upper(), name, check_health=False)
+            async with asyncio.timeout(self.command_timeout):
+                await waiter
+        except (*_ERRORS, TimeoutError) as exc:
+            log.debug("%s %r not confirmed (%s); restored on reconnection", kind, name, exc)
+        finally:
+            if waiter in waiters:
+                waiters.remove(waiter)
+
+    def _confirm(self, kind: bytes, name: bytes) -> None:
+        waiters = self._waiters.get((kind, name))
+        if waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # -- internals: heartbeat and node state ----------------------------------------------
+
+    async def _heartbeat_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            if not self._ready:
+                continue
+            try:
+                await self._heartbeat()
+            except _ERRORS as exc:
+                log.debug("heartbeat failed (%s)", exc)
+
+    async def _heartbeat(self) -> None:
+        conn = self._pubsub
+        loop = asyncio.get_running_loop()
+        if conn is not None and loop.time() - self._pong_at > 3 * self.heartbeat_interval:
+            log.warning("Redis at %s stopped answering PINGs on the pub/sub connection", self.url)
+            await self._drop_pubsub()  # the reader fails and the node reconnects
+            return
+        if conn is not None:
+            await conn.send_command("PING", check_health=False)
+        ttl = _ms(self.node_ttl)
+        was_alive = await self._client.set(self._node_key, "1", px=ttl, get=True)
+        if was_alive is None or self._counts_dirty or self._presence_dirty:
+            if was_alive is None:
+                log.warning("node %s was considered dead; restoring its state", self._node_id)
+            await self._restore()
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for app_id in self._counts:
+            self._refresh_counts(pipe, app_id)
+        for key in self._presence:
+            pipe.pexpire(key, ttl)
+        await pipe.execute()
+
+    async def _restore(self) -> None:
+        """Write this node's heartbeat, subscription counts and presence entries (after a
+        reconnection, or when another node took this one for dead)."""
+        ttl = _ms(self.node_ttl)
+        pipe = self._client.pipeline(transaction=True)
+        pipe.set(self._node_key, "1", px=ttl)
+        for app_id, counts in self._counts.items():
+            key = self._key(app_id, "subs", self._node_id)
+            pipe.delete(key)
+            if counts:
+                pipe.hset(key, mapping=counts)  # type: ignore[arg-type]
+            self._refresh_counts(pipe, app_id)
+        await pipe.execute()
+        self._counts_dirty = False
+        for key in self._presence_dirty | set(self._presence):
+            pairs = [item for pair in self._presence.get(key, {}).items() for item in pair]
+            await _lua.PRESENCE_RESTORE.run(self._client, (key,), (self._node_id, ttl, *pairs))
+            self._presence_dirty.discard(key)
+
+    async def _withdraw(self) -> None:
+        """On stop: this node's counts and presence entries disappear at once."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.delete(self._node_key)
+        for app_id in self._counts:
+            pipe.delete(self._key(app_id, "subs", self._node_id))
+        for key, local in self._presence.items():
+            if local:
+                pipe.hdel(key, *local)
+        async with asyncio.timeout(self.command_timeout):
+            await pipe.execute()
+
+
+def _check_options(
+    prefix: str,
+    node_id: str | None,
+    node_ttl: float,
+    heartbeat_interval: float | None,
+    reconnect_min: float,
+    reconnect_max: float,
+) -> None:
+    if not prefix or any(c.isspace() for c in prefix):
+        raise ValueError(f"prefix must be a non-empty string without spaces, got {prefix!r}")
+    if node_id is not None and not _NAME.match(node_id):
+        raise ValueError(f"node_id may contain only letters, digits and _.- , got {node_id!r}")
+    if not node_ttl > 0:
+        raise ValueError(f"node_ttl must be a positive number of seconds, got {node_ttl!r}")
+    if heartbeat_interval is not None and not 0 < heartbeat_interval < node_ttl:
+        raise ValueError(
+            f"heartbeat_interval must be between 0 and node_ttl ({node_ttl!r}), "
+            f"got {heartbeat_interval!r}"
+        )
+    if not 0 < reconnect_min <= reconnect_max:
+        raise ValueError(
+            f"need 0 < reconnect_min <= reconnect_max, got {reconnect_min!r} and {reconnect_max!r}"
+        )
