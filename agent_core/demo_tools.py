@@ -1,0 +1,152 @@
+"""Two deterministic demo tools and a ready-made demo script for the scripted driver.
+
+``get_weather`` invents weather from a hash of the city name (same city, same weather),
+``calculator`` evaluates arithmetic safely (no ``eval``). :func:`demo_script` scripts a
+run that asks for the weather, converts the temperature with the calculator, and
+streams a final answer built from the tools' real results.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import operator
+import re
+from collections.abc import Callable
+from typing import Any, Literal
+
+from agent_core.drivers.base import ModelRequest
+from agent_core.drivers.scripted import (
+    ScriptedDriver,
+    ScriptedFailure,
+    ScriptedResponse,
+    ScriptedTurn,
+    call,
+)
+from agent_core.messages import Role
+from agent_core.tools import Tool
+
+__all__ = [
+    "calculator",
+    "demo_driver",
+    "demo_script",
+    "demo_tools",
+    "get_weather",
+]
+
+_CONDITIONS = ("sunny", "cloudy", "rainy", "windy", "foggy", "snowy")
+_BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {
+    ast.UAdd: operator.pos,
+    ast.USub: operator.neg,
+}
+_MAX_EXPONENT = 64
+
+
+def _evaluate(node: ast.AST) -> float | int:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+        if isinstance(node.value, bool):
+            raise ValueError(f"not a number: {node.value!r}")
+        return node.value
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_evaluate(node.operand))  # type: ignore[no-any-return]
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _evaluate(node.left), _evaluate(node.right)
+        if isinstance(node.op, ast.Pow) and abs(right) > _MAX_EXPONENT:
+            raise ValueError(f"exponent {right} is too large (at most {_MAX_EXPONENT})")
+        return _BINARY[type(node.op)](left, right)  # type: ignore[no-any-return]
+    raise ValueError(f"unsupported expression element: {ast.unparse(node)!r}")
+
+
+def calculator(expression: str) -> float | int:
+    """Evaluate an arithmetic expression.
+
+    Args:
+        expression: numbers with + - * / // % ** and parentheses, e.g. "(18 * 9 / 5) + 32".
+    """
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise ValueError(f"not an arithmetic expression: {expression!r}") from exc
+    result = _evaluate(tree.body)
+    return round(result, 10) if isinstance(result, float) else result
+
+
+def get_weather(city: str, unit: Literal["celsius", "fahrenheit"] = "celsius") -> dict[str, Any]:
+    """Current weather for a city (invented deterministically for the demo).
+
+    Args:
+        city: the city name, e.g. "Paris".
+        unit: temperature unit.
+    """
+    name = " ".join(city.split()).title()
+    if not name:
+        raise ValueError("city must not be empty")
+    digest = hashlib.sha256(name.lower().encode()).digest()
+    celsius = digest[0] % 40 - 5
+    temperature = celsius if unit == "celsius" else round(celsius * 9 / 5 + 32, 1)
+    return {
+        "city": name,
+        "temperature": temperature,
+        "unit": unit,
+        "conditions": _CONDITIONS[digest[1] % len(_CONDITIONS)],
+        "humidity": 30 + digest[2] % 60,
+    }
+
+
+def demo_tools() -> tuple[Tool, Tool]:
+    """The demo's tools: ``get_weather`` and ``calculator``."""
+    return Tool.from_function(get_weather), Tool.from_function(calculator)
+
+
+def _city(text: str) -> str:
+    match = re.search(r"\b(?:in|for|at)\s+([A-Z][\w-]*(?:\s+[A-Z][\w-]*)*)", text)
+    return match.group(1) if match else "Paris"
+
+
+def _tool_output(request: ModelRequest, call_id: str) -> str:
+    for message in reversed(request.messages):
+        if message.role is Role.TOOL and message.tool_call_id == call_id:
+            return message.content
+    raise LookupError(f"no tool result for call {call_id} in the request")
+
+
+def _convert(request: ModelRequest) -> ScriptedResponse | ScriptedFailure:
+    weather = json.loads(_tool_output(request, "call_weather_1"))
+    expression = f"{weather['temperature']} * 9 / 5 + 32"
+    return ScriptedResponse(tool_calls=(call("calculator", "call_calc_1", expression=expression),))
+
+
+def _answer(request: ModelRequest) -> ScriptedResponse | ScriptedFailure:
+    weather = json.loads(_tool_output(request, "call_weather_1"))
+    fahrenheit = _tool_output(request, "call_calc_1")
+    text = (
+        f"In {weather['city']} it is {weather['conditions']} at {weather['temperature']} °C "
+        f"({fahrenheit} °F), with {weather['humidity']}% humidity."
+    )
+    return ScriptedResponse(text=text)
+
+
+def demo_script(input_text: str) -> list[ScriptedTurn]:
+    """Three turns: call ``get_weather`` for the city named in ``input_text`` (default
+    Paris), convert its temperature with ``calculator``, stream the answer."""
+    city = _city(input_text)
+    first = ScriptedResponse(
+        text=f"Let me check the weather in {city}.",
+        tool_calls=(call("get_weather", "call_weather_1", city=city),),
+    )
+    return [first, _convert, _answer]
+
+
+def demo_driver(input_text: str) -> ScriptedDriver:
+    """A :class:`ScriptedDriver` playing :func:`demo_script`."""
+    return ScriptedDriver(demo_script(input_text))
