@@ -1,4 +1,4 @@
-"""The ASGI application: the composition of routes, backend and extensions."""
+"""The ASGI application: the composition of node, routes and extensions."""
 
 from __future__ import annotations
 
@@ -8,32 +8,67 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from broadcaster.extensions import ExtensionContext, load_extension
+from broadcaster.http_api import api_routes
+from broadcaster.metrics import CONTENT_TYPE
+from broadcaster.node import Node
 from broadcaster.settings import Settings
+from broadcaster.websocket import BadPathEndpoint, WebSocketEndpoint
 
 __all__ = ["create_app"]
 
 
-def create_app(settings: Settings) -> Starlette:
-    """Build the server application for ``settings`` (with its extensions installed)."""
-    ctx = ExtensionContext(settings=settings)
+def create_app(settings: Settings, node: Node | None = None) -> Starlette:
+    """Build the server application for ``settings`` (with its extensions installed).
+
+    Args:
+        settings: validated settings.
+        node: the node to serve (default: a new one for ``settings``); the lifespan
+            starts and stops it.
+    """
+    node = node or Node(settings)
+    ctx = ExtensionContext(settings=settings, node=node)
     for name in _extension_names(settings):
         load_extension(name)(ctx)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
+            await stack.enter_async_context(node.running())
             for hook in ctx.lifespans:
                 await stack.enter_async_context(hook())
             yield
 
-    routes = [Route("/up", _up), Route("/ready", _ready), *ctx.routes]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=_routes(node, settings, ctx.routes), lifespan=lifespan)
     app.state.settings = settings
+    app.state.node = node
     app.state.extensions = ctx.state
     return app
+
+
+def _routes(node: Node, settings: Settings, extra: list[BaseRoute]) -> list[BaseRoute]:
+    async def ready(request: Request) -> Response:
+        """Readiness: 200 while the backend is connected, else 503."""
+        if node.ready:
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "unavailable", "backend": "disconnected"}, 503)
+
+    async def metrics(request: Request) -> Response:
+        return Response(node.metrics.render(), media_type=CONTENT_TYPE)
+
+    routes: list[BaseRoute] = [
+        Route("/up", _up),
+        Route("/ready", ready),
+        WebSocketRoute("/app/{key}", WebSocketEndpoint(node)),
+        *api_routes(node),
+    ]
+    if settings.metrics:
+        routes.append(Route("/metrics", metrics))
+    routes += extra
+    routes.append(WebSocketRoute("/{path:path}", BadPathEndpoint()))
+    return routes
 
 
 def _extension_names(settings: Settings) -> list[str]:
@@ -46,8 +81,3 @@ def _extension_names(settings: Settings) -> list[str]:
 async def _up(request: Request) -> Response:
     """Liveness: the process answers."""
     return JSONResponse({"status": "up"})
-
-
-async def _ready(request: Request) -> Response:
-    """Readiness: the process can deliver publications."""
-    return JSONResponse({"status": "ready"})

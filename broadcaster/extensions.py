@@ -12,11 +12,14 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.routing import BaseRoute
 
 from broadcaster.settings import Settings
+
+if TYPE_CHECKING:
+    from broadcaster.node import Node
 
 __all__ = ["ExtensionContext", "ExtensionError", "load_extension"]
 
@@ -30,9 +33,15 @@ class ExtensionError(Exception):
 
 @dataclass
 class ExtensionContext:
-    """What an extension may touch while it installs itself."""
+    """What an extension may touch while it installs itself.
+
+    ``node`` is the running server's :class:`~broadcaster.node.Node` (publish into it
+    in-process with ``await node.publish(app_id, [channel], event, data)``); it is
+    started by the time the extension's lifespan hooks run.
+    """
 
     settings: Settings
+    node: Node | None = None
     routes: list[BaseRoute] = field(default_factory=list)
     lifespans: list[Lifespan] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)

@@ -1,13 +1,20 @@
 """Run the application under uvicorn on a socket we bind ourselves, so that the real
-port (also for ``--port 0``) is known and printed before serving."""
+port (also for ``--port 0``) is known and printed before serving.
+
+Graceful shutdown (SIGINT/SIGTERM), in uvicorn's stages: stop accepting, close every
+WebSocket client with 4200 ("server closing, reconnect now"; clients that do not answer
+within half of ``shutdown_timeout`` are dropped), wait for the connections to finish for
+at most ``shutdown_timeout`` seconds, then close the node and backend (lifespan)."""
 
 from __future__ import annotations
 
+import math
 import socket
 import sys
 
 import uvicorn
 
+from broadcaster._uvicorn import protocol_class
 from broadcaster.app import create_app
 from broadcaster.settings import Settings
 
@@ -21,11 +28,13 @@ def serve(settings: Settings) -> None:
     app = create_app(settings)
     config = uvicorn.Config(
         app,
-        ws="websockets-sansio",
+        # The fast path writes pre-built frames, so frames must never be compressed.
+        ws=protocol_class(shutdown_abort_after=settings.shutdown_timeout / 2),
         ws_per_message_deflate=False,
+        ws_max_size=_ws_max_size(settings),
         lifespan="on",
         log_level=settings.log_level,
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_timeout),
     )
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "") else settings.host  # noqa: S104
     shown = f"[{host}]" if ":" in host else host
@@ -33,6 +42,13 @@ def serve(settings: Settings) -> None:
     if settings.demo:
         print(f"Open the demo dashboard: http://{shown}:{port}/", flush=True)
     uvicorn.Server(config).run(sockets=[sock])
+
+
+def _ws_max_size(settings: Settings) -> int:
+    # Messages up to this size reach the app, which answers oversize ones (above the
+    # app's max_message_size) with pusher:error 4302; larger ones are closed with 1009.
+    largest = max(app.max_message_size for app in settings.apps())
+    return max(1 << 20, 4 * largest)
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -1,0 +1,52 @@
+"""Server-to-client WebSocket frames, built once and shared by every subscriber.
+
+A server frame is never masked and the server never compresses, so a text frame is just
+a two-to-ten byte header (FIN + opcode text, payload length) followed by the payload.
+"""
+
+from __future__ import annotations
+
+import struct
+
+__all__ = ["Outgoing", "text_frame"]
+
+_FIN_TEXT = 0x81
+
+
+def text_frame(payload: bytes) -> bytes:
+    """The complete WebSocket text frame (RFC 6455 §5.2) carrying ``payload``."""
+    size = len(payload)
+    if size < 126:
+        header = bytes((_FIN_TEXT, size))
+    elif size < 1 << 16:
+        header = struct.pack("!BBH", _FIN_TEXT, 126, size)
+    else:
+        header = struct.pack("!BBQ", _FIN_TEXT, 127, size)
+    return header + payload
+
+
+class Outgoing:
+    """One server message: its JSON ``payload`` and, built on first use and then
+    shared, the raw ``frame`` (fast path) and the ``text`` (ASGI fallback)."""
+
+    __slots__ = ("_frame", "_text", "payload")
+
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+        self._frame: bytes | None = None
+        self._text: str | None = None
+
+    @property
+    def frame(self) -> bytes:
+        if self._frame is None:
+            self._frame = text_frame(self.payload)
+        return self._frame
+
+    @property
+    def text(self) -> str:
+        if self._text is None:
+            self._text = self.payload.decode()
+        return self._text
+
+    def __len__(self) -> int:
+        return len(self.payload)

@@ -1,0 +1,274 @@
+"""A connection: one client socket, its session state and its bounded outgoing buffer.
+
+Frames queued for a connection within one event-loop tick are written with one
+``transport.write`` when the loop next runs :class:`Delivery`'s flush (fast path), so
+fanning a publication out to many subscribers costs one list append each and no task,
+await or encode per subscriber.
+
+Slow-consumer policy (named, per STYLE.md): when a connection's unsent bytes (its own
+pending frames plus the transport's write buffer) would exceed ``max_buffer_bytes``, the
+connection is closed with code 4100 ("over capacity", reconnect with back-off) and its
+pending frames are dropped. The other subscribers of the same publications are not
+delayed or affected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections import deque
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from broadcaster._frames import Outgoing
+from broadcaster._uvicorn import RawSocket
+from broadcaster.settings import AppConfig
+
+__all__ = [
+    "SLOW_CONSUMER_CODE",
+    "AsgiConnection",
+    "Connection",
+    "ConnectionState",
+    "Delivery",
+]
+
+SLOW_CONSUMER_CODE = 4100
+AsgiSend = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class ConnectionState(enum.Enum):
+    """Where a connection is in its life."""
+
+    OPEN = "open"
+    CLOSING = "closing"  # a close frame is queued or sent; nothing more is sent
+    CLOSED = "closed"  # the socket is gone
+
+
+class Delivery:
+    """What every connection of a node shares: the outgoing limits and the once-per-tick
+    flush of all connections that have frames waiting."""
+
+    __slots__ = (
+        "_dirty",
+        "_loop",
+        "_scheduled",
+        "abort_after",
+        "max_buffer_bytes",
+        "on_slow_consumer",
+    )
+
+    def __init__(
+        self,
+        max_buffer_bytes: int,
+        abort_after: float = 10.0,
+        on_slow_consumer: Callable[[Connection], None] | None = None,
+    ) -> None:
+        self.max_buffer_bytes = max_buffer_bytes
+        self.abort_after = abort_after
+        self.on_slow_consumer = on_slow_consumer
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._dirty: list[Connection] = []
+        self._scheduled = False
+
+    def mark(self, conn: Connection) -> None:
+        """Flush ``conn`` at the end of this tick."""
+        self._dirty.append(conn)
+        if not self._scheduled:
+            self._scheduled = True
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write every waiting connection's frames (one write per connection)."""
+        dirty, self._dirty = self._dirty, []
+        self._scheduled = False
+        for conn in dirty:
+            conn.flush()
+
+
+class Connection:
+    """A client connection on the fast path (raw frames to the transport).
+
+    Attributes:
+        socket_id: The Pusher socket id, unique per connection.
+        app: The application the client connected to.
+        channels: Subscribed channel -> presence user id (None for other channels).
+        user_id: The signed-in user (``pusher:signin``), if any.
+        last_seen: Event-loop time of the last message from the client.
+        pinged: True while a ``pusher:ping`` for inactivity awaits an answer.
+    """
+
+    __slots__ = (
+        "_delivery",
+        "_event_count",
+        "_event_window",
+        "_pending",
+        "_pending_bytes",
+        "_raw",
+        "app",
+        "channels",
+        "last_seen",
+        "pinged",
+        "socket_id",
+        "state",
+        "user_id",
+    )
+
+    def __init__(self, socket_id: str, app: AppConfig, delivery: Delivery) -> None:
+        self.socket_id = socket_id
+        self.app = app
+        self.channels: dict[str, str | None] = {}
+        self.user_id: str | None = None
+        self.last_seen = 0.0
+        self.pinged = False
+        self.state = ConnectionState.OPEN
+        self._delivery = delivery
+        self._raw: RawSocket | None = None
+        self._pending: list[bytes] | None = None
+        self._pending_bytes = 0
+        self._event_window = 0
+        self._event_count = 0
+
+    @classmethod
+    def fast(cls, socket_id: str, app: AppConfig, delivery: Delivery, raw: RawSocket) -> Connection:
+        """A connection writing raw frames to ``raw`` (see :mod:`broadcaster._uvicorn`)."""
+        conn = cls(socket_id, app, delivery)
+        conn._raw = raw
+        return conn
+
+    @property
+    def is_open(self) -> bool:
+        return self.state is ConnectionState.OPEN
+
+    def send(self, message: Outgoing) -> None:
+        """Queue ``message``; closes the connection (4100) if that would overflow it."""
+        if self.state is not ConnectionState.OPEN:
+            return
+        frame = message.frame
+        size = self._pending_bytes + len(frame)
+        if size + self._buffered() > self._delivery.max_buffer_bytes:
+            self._slow_consumer()
+            return
+        if self._pending is None:
+            self._pending = [frame]
+            self._delivery.mark(self)
+        else:
+            self._pending.append(frame)
+        self._pending_bytes = size
+
+    def flush(self) -> None:
+        """Write the queued frames now (normally called by :class:`Delivery`)."""
+        pending = self._pending
+        if pending is None:
+            return
+        self._pending = None
+        self._pending_bytes = 0
+        assert self._raw is not None
+        self._raw.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def close(self, code: int, reason: str = "") -> None:
+        """Send what is queued, then a close frame with ``code``; idempotent."""
+        if self.state is not ConnectionState.OPEN:
+            return
+        self.flush()
+        self.state = ConnectionState.CLOSING
+        self._close_socket(code, reason, self._delivery.abort_after)
+
+    def closed(self) -> None:
+        """The socket is gone: drop anything still queued."""
+        self.state = ConnectionState.CLOSED
+        self._pending = None
+        self._pending_bytes = 0
+
+    def allow_client_event(self, now: float, per_second: int) -> bool:
+        """Count a client event against the per-second limit; False when over it."""
+        window = int(now)
+        if window != self._event_window:
+            self._event_window = window
+            self._event_count = 0
+        self._event_count += 1
+        return self._event_count <= per_second
+
+    def _slow_consumer(self) -> None:
+        self._pending = None
+        self._pending_bytes = 0
+        self.state = ConnectionState.CLOSING
+        reason = f"slow consumer: more than {self._delivery.max_buffer_bytes} bytes unsent"
+        self._close_socket(SLOW_CONSUMER_CODE, reason, self._delivery.abort_after)
+        if self._delivery.on_slow_consumer is not None:
+            self._delivery.on_slow_consumer(self)
+
+    def _buffered(self) -> int:
+        assert self._raw is not None
+        return self._raw.buffered()
+
+    def _close_socket(self, code: int, reason: str, abort_after: float) -> None:
+        assert self._raw is not None
+        self._raw.close_now(code, reason, abort_after)
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.socket_id} app={self.app.id} {self.state.value}>"
+
+
+class AsgiConnection(Connection):
+    """The fallback for servers without the fast path: messages go through the ASGI
+    ``send`` from one writer task, with the same byte limit and slow-consumer policy."""
+
+    __slots__ = ("_close", "_queue", "_queued_bytes", "_send", "_wakeup", "_writer")
+
+    def __init__(self, socket_id: str, app: AppConfig, delivery: Delivery, send: AsgiSend) -> None:
+        super().__init__(socket_id, app, delivery)
+        self._send = send
+        self._queue: deque[Outgoing] = deque()
+        self._queued_bytes = 0
+        self._close: tuple[int, str] | None = None
+        self._wakeup = asyncio.Event()
+        self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+
+    def send(self, message: Outgoing) -> None:
+        if self.state is not ConnectionState.OPEN:
+            return
+        size = self._queued_bytes + len(message)
+        if size > self._delivery.max_buffer_bytes:
+            self._slow_consumer()
+            return
+        self._queue.append(message)
+        self._queued_bytes = size
+        self._wakeup.set()
+
+    def flush(self) -> None:
+        self._wakeup.set()
+
+    def closed(self) -> None:
+        super().closed()
+        self._queue.clear()
+        self._writer.cancel()
+
+    def _slow_consumer(self) -> None:
+        self._queue.clear()
+        self._queued_bytes = 0
+        super()._slow_consumer()
+
+    def _buffered(self) -> int:
+        return self._queued_bytes
+
+    def _close_socket(self, code: int, reason: str, abort_after: float) -> None:
+        self._close = (code, reason)
+        self._wakeup.set()
+
+    async def _write_loop(self) -> None:
+        try:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                while self._queue:
+                    message = self._queue.popleft()
+                    self._queued_bytes -= len(message)
+                    await self._send({"type": "websocket.send", "text": message.text})
+                if self._close is not None:
+                    code, reason = self._close
+                    await self._send({"type": "websocket.close", "code": code, "reason": reason})
+                    return
+        except Exception:  # any failure to send means the client is gone
+            return  # the receive side notices the disconnect and cleans up

@@ -1,0 +1,199 @@
+"""The hub: which local connections are subscribed to which channel, and fan-out.
+
+A publication reaching the node is encoded once (one JSON payload, one WebSocket frame)
+and the same bytes are queued to every local subscriber (:meth:`Hub.deliver`). The hub
+also keeps the backend subscribed to exactly the channels that have a local subscriber,
+serialising subscribe/unsubscribe per channel so that a quick leave-and-rejoin cannot
+leave the backend unsubscribed.
+
+Resume: a connection that subscribes with a position is registered in *recovering*
+state first; live publications for it are buffered while the node reads the history,
+then :meth:`Hub.recovered` sends the missed publications, and after them the buffered
+live ones whose offset is newer (no duplicate, no gap at the seam).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from broadcaster import protocol
+from broadcaster._frames import Outgoing
+from broadcaster.backends.base import Backend, BackendUnavailable
+from broadcaster.connection import Connection
+from broadcaster.metrics import Metrics
+from broadcaster.publication import Position, Publication
+
+__all__ = ["Hub", "encode"]
+
+_Key = tuple[str, str]
+
+
+def encode(publication: Publication) -> Outgoing:
+    """The server message carrying ``publication`` (with its position, if any)."""
+    p = publication
+    position = None if p.position is None else str(p.position)
+    return Outgoing(protocol.channel_event(p.event, p.channel, p.data, p.user_id, position))
+
+
+@dataclass(slots=True)
+class _Recovery:
+    """Live publications held back while a resuming connection's history is read."""
+
+    held: list[tuple[Publication, Outgoing]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Channel:
+    subscribers: dict[Connection, _Recovery | None] = field(default_factory=dict)
+    # Set while the backend subscription is being made; waited on by later subscribers.
+    ready: asyncio.Event | None = None
+
+
+class Hub:
+    """Local subscriptions of one node and the fan-out of publications to them."""
+
+    def __init__(self, backend: Backend, metrics: Metrics) -> None:
+        self._backend = backend
+        self._metrics = metrics
+        self._channels: dict[_Key, _Channel] = {}
+        self._leaving: dict[_Key, asyncio.Task[None]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def subscriber_count(self, app_id: str, channel: str) -> int:
+        """Local connections subscribed to ``channel``."""
+        entry = self._channels.get((app_id, channel))
+        return 0 if entry is None else len(entry.subscribers)
+
+    def channels(self) -> int:
+        """Channels with at least one local subscriber."""
+        return len(self._channels)
+
+    async def subscribe(self, conn: Connection, channel: str, *, recovering: bool = False) -> None:
+        """Add ``conn`` to ``channel``; returns once the backend delivers the channel here.
+
+        With ``recovering``, live publications for ``conn`` are held back until
+        :meth:`recovered` is called.
+
+        Raises:
+            BackendUnavailable: the backend could not subscribe; ``conn`` is not added.
+        """
+        key = (conn.app.id, channel)
+        entry = self._channels.get(key)
+        recovery = _Recovery() if recovering else None
+        if entry is None:
+            entry = self._channels[key] = _Channel(ready=asyncio.Event())
+            entry.subscribers[conn] = recovery
+            await self._subscribe_backend(key, entry)
+        else:
+            entry.subscribers[conn] = recovery
+            if entry.ready is not None:
+                await entry.ready.wait()
+        if self._channels.get(key) is not entry:  # the backend subscription failed
+            raise BackendUnavailable(f"cannot subscribe to {channel!r} now; retry later")
+
+    async def _subscribe_backend(self, key: _Key, entry: _Channel) -> None:
+        ready = entry.ready
+        assert ready is not None
+        try:
+            leaving = self._leaving.get(key)
+            if leaving is not None:
+                await asyncio.shield(leaving)
+            await self._backend.subscribe(*key)
+        except BaseException:
+            if self._channels.get(key) is entry:
+                del self._channels[key]
+            raise
+        finally:
+            entry.ready = None
+            ready.set()
+        if not entry.subscribers and self._channels.get(key) is entry:
+            self._leave(key)  # every subscriber left while the subscription was made
+
+    def recovered(self, conn: Connection, channel: str, missed: tuple[Publication, ...]) -> None:
+        """Send ``missed`` (history, oldest first), then the live publications held back
+        for ``conn`` that are newer, and return it to live delivery."""
+        entry = self._channels.get((conn.app.id, channel))
+        if entry is None or conn not in entry.subscribers:
+            return
+        for publication in missed:
+            if publication.exclude_socket_id != conn.socket_id:
+                conn.send(encode(publication))
+        last = missed[-1].position if missed else None
+        self.release(conn, channel, after=last)
+
+    def release(self, conn: Connection, channel: str, after: Position | None = None) -> None:
+        """Return ``conn`` to live delivery on ``channel``, first sending what was held
+        back for it (skipping publications at or before ``after`` of the same epoch)."""
+        entry = self._channels.get((conn.app.id, channel))
+        recovery = None if entry is None else entry.subscribers.get(conn)
+        if entry is None or recovery is None:
+            return
+        entry.subscribers[conn] = None
+        for publication, message in recovery.held:
+            if _is_new(publication.position, after) and (
+                publication.exclude_socket_id != conn.socket_id
+            ):
+                conn.send(message)
+
+    async def unsubscribe(self, conn: Connection, channel: str) -> bool:
+        """Remove ``conn`` from ``channel``; True if it was subscribed. The backend is
+        unsubscribed when the last local subscriber leaves."""
+        key = (conn.app.id, channel)
+        entry = self._channels.get(key)
+        if entry is None or entry.subscribers.pop(conn, _MISSING) is _MISSING:
+            return False
+        if not entry.subscribers and entry.ready is None:
+            await asyncio.shield(self._leave(key))
+        return True
+
+    def _leave(self, key: _Key) -> asyncio.Task[None]:
+        del self._channels[key]
+        task = asyncio.get_running_loop().create_task(self._unsubscribe_backend(key))
+        self._leaving[key] = task
+        return task
+
+    async def _unsubscribe_backend(self, key: _Key) -> None:
+        try:
+            await self._backend.unsubscribe(*key)
+        except BackendUnavailable:
+            pass  # a reconnecting backend resubscribes only to what is still wanted
+        finally:
+            if self._leaving.get(key) is asyncio.current_task():
+                del self._leaving[key]
+
+    def deliver(self, publication: Publication) -> None:
+        """Queue ``publication`` to every local subscriber (the backend's handler)."""
+        entry = self._channels.get((publication.app_id, publication.channel))
+        if entry is None:
+            return
+        started = time.perf_counter()
+        message = encode(publication)
+        exclude = publication.exclude_socket_id
+        sent = 0
+        for conn, recovery in entry.subscribers.items():
+            if recovery is not None:
+                recovery.held.append((publication, message))
+            elif conn.socket_id != exclude:
+                conn.send(message)
+                sent += 1
+        self._metrics.publications.inc()
+        self._metrics.messages_out.inc(sent)
+        self._observe_after_flush(started)
+
+    def _observe_after_flush(self, started: float) -> None:
+        # Runs after the Delivery flush of this tick (call_soon callbacks run in order).
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        histogram = self._metrics.send_latency
+        self._loop.call_soon(lambda: histogram.observe(time.perf_counter() - started))
+
+
+_MISSING = _Recovery()
+
+
+def _is_new(position: Position | None, after: Position | None) -> bool:
+    if position is None or after is None or position.epoch != after.epoch:
+        return True
+    return position.offset > after.offset

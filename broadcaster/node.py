@@ -1,0 +1,469 @@
+"""The node: the configured apps, the hub of local connections and the backend.
+
+Everything a client or the HTTP API can ask for goes through the node: admitting and
+closing connections, subscriptions (with channel auth, presence and resume), client
+events, sign-in, publishing and the channel queries. The WebSocket endpoint
+(:mod:`broadcaster.websocket`) and the HTTP API (:mod:`broadcaster.http_api`) are thin
+shells around it, and extensions reach it through ``ExtensionContext.node`` (e.g. to
+publish in-process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+
+from broadcaster import protocol
+from broadcaster._frames import Outgoing
+from broadcaster._uvicorn import RawSocket
+from broadcaster.backends import create_backend
+from broadcaster.backends.base import Backend, BackendUnavailable, PresenceMember
+from broadcaster.codes import ErrorCode
+from broadcaster.connection import AsgiConnection, AsgiSend, Connection, Delivery
+from broadcaster.exceptions import ProtocolError
+from broadcaster.hub import Hub
+from broadcaster.metrics import Metrics
+from broadcaster.publication import Position, Publication
+from broadcaster.settings import AppConfig, Settings
+
+__all__ = ["PROTOCOL_VERSION", "Node"]
+
+log = logging.getLogger("broadcaster.node")
+
+PROTOCOL_VERSION = 7
+"""The Pusher protocol version served (pusher-js 7 and 8 speak it)."""
+
+_TERMINATE = "terminate_user_connections"
+_MEMBER_ADDED = "pusher_internal:member_added"
+_MEMBER_REMOVED = "pusher_internal:member_removed"
+_NOT_RECOVERED = "the channel's history no longer reaches back to that position"
+_PING = Outgoing(protocol.ping())
+
+
+class Node:
+    """One server process: apps, local connections, hub and backend.
+
+    Args:
+        settings: the validated settings (apps, limits, backend URL).
+        backend: a backend to use instead of the one ``settings.backend`` names.
+    """
+
+    def __init__(self, settings: Settings, backend: Backend | None = None) -> None:
+        self.settings = settings
+        self.apps = settings.apps()
+        self._by_key = {app.key: app for app in self.apps}
+        self._by_id = {app.id: app for app in self.apps}
+        self.backend = backend or _backend_for(settings, self.apps)
+        self.metrics = Metrics(backend_reconnects=self._backend_reconnects)
+        self.hub = Hub(self.backend, self.metrics)
+        self.delivery = Delivery(settings.max_buffer_bytes, on_slow_consumer=self._on_slow_consumer)
+        self.connections: dict[str, Connection] = {}
+        self._per_app: dict[str, int] = {app.id: 0 for app in self.apps}
+        self._users: dict[tuple[str, str], set[Connection]] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- life -------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Node]:
+        """Start the backend and the inactivity sweep; on exit close every client with
+        4200 and stop the backend."""
+        await self.start()
+        try:
+            yield self
+        finally:
+            await self.stop()
+
+    async def start(self) -> None:
+        """Connect the backend and start delivering."""
+        self._loop = asyncio.get_running_loop()
+        await self.backend.start(self.hub.deliver, self._on_control)
+        self._schedule_sweep()
+
+    async def stop(self) -> None:
+        """Close every connection (4200) and stop the backend; idempotent."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        for conn in list(self.connections.values()):
+            conn.close(ErrorCode.SERVER_CLOSING, "server shutting down")
+        await self.backend.stop()
+
+    @property
+    def ready(self) -> bool:
+        """True while publications can be delivered (the backend is connected)."""
+        return self.backend.ready
+
+    # -- apps and admission -----------------------------------------------------------
+
+    def app_by_id(self, app_id: str) -> AppConfig | None:
+        """The app with id ``app_id``, if configured."""
+        return self._by_id.get(app_id)
+
+    def app_by_key(self, key: str) -> AppConfig | None:
+        """The app with key ``key``, if configured."""
+        return self._by_key.get(key)
+
+    def admit(self, key: str, protocol_version: str | None, origin: str | None) -> AppConfig:
+        """The app a new WebSocket connection to ``/app/{key}`` is for.
+
+        Raises:
+            ProtocolError: unknown key (4001), disabled app (4003), over the app's
+                connection limit (4004), bad protocol version (4006-4008), origin not
+                allowed (4009).
+        """
+        app = self._by_key.get(key)
+        if app is None:
+            raise ProtocolError(ErrorCode.APP_NOT_FOUND, f"no app has the key {key!r}")
+        if not app.enabled:
+            raise ProtocolError(ErrorCode.APP_DISABLED, f"app {app.id!r} is disabled")
+        _check_protocol_version(protocol_version)
+        _check_origin(app, origin)
+        limit = app.max_connections
+        if limit is not None and self._per_app[app.id] >= limit:
+            raise ProtocolError(
+                ErrorCode.OVER_QUOTA, f"app {app.id!r} is at its limit of {limit} connections"
+            )
+        return app
+
+    def open(
+        self, app: AppConfig, raw: RawSocket | None = None, send: AsgiSend | None = None
+    ) -> Connection:
+        """Register a new accepted connection (fast path with ``raw``, else through the
+        ASGI ``send``) and send it ``pusher:connection_established``."""
+        socket_id = protocol.new_socket_id()
+        if raw is not None:
+            conn = Connection.fast(socket_id, app, self.delivery, raw)
+        else:
+            assert send is not None
+            conn = AsgiConnection(socket_id, app, self.delivery, send)
+        conn.last_seen = self._now()
+        self.connections[socket_id] = conn
+        self._per_app[app.id] += 1
+        self.metrics.connections.labels(app.id).inc()
+        established = protocol.connection_established(socket_id, self.settings.activity_timeout)
+        conn.send(Outgoing(established))
+        return conn
+
+    async def disconnect(self, conn: Connection) -> None:
+        """Forget a connection whose socket is gone: leave its channels (presence
+        members removed, last subscriber unsubscribes the backend)."""
+        conn.closed()
+        if self.connections.pop(conn.socket_id, None) is None:
+            return
+        self._per_app[conn.app.id] -= 1
+        self.metrics.connections.labels(conn.app.id).dec()
+        self._forget_user(conn)
+        for channel in list(conn.channels):
+            try:
+                await self.unsubscribe(conn, channel)
+            except BackendUnavailable as exc:
+                log.warning("leaving %s of %s: %s", channel, conn.socket_id, exc)
+
+    def seen(self, conn: Connection) -> None:
+        """The client sent something: it is active."""
+        conn.last_seen = self._now()
+        conn.pinged = False
+        self.metrics.messages_in.inc()
+
+    # -- client commands ----------------------------------------------------------------
+
+    async def subscribe(self, conn: Connection, command: protocol.Subscribe) -> None:
+        """Handle ``pusher:subscribe`` (auth, presence, resume from ``position``).
+
+        Raises:
+            ProtocolError: bad auth, presence channel full, backend unavailable.
+        """
+        channel = command.channel
+        protocol.authorize_subscription(conn.app, conn.socket_id, command)
+        if channel in conn.channels:
+            await self._succeeded(conn, channel, command.member is not None)
+            return
+        member = command.member
+        if member is not None:
+            await self._check_presence_room(conn.app, channel, member.user_id)
+        try:
+            await self.hub.subscribe(conn, channel, recovering=True)
+        except BackendUnavailable as exc:
+            raise _unavailable(channel, exc) from None
+        conn.channels[channel] = None if member is None else member.user_id
+        self.metrics.subscriptions.inc()
+        self.metrics.channels.set(self.hub.channels())
+        try:
+            await self._joined(conn, channel, member, command.resume_from)
+        except BackendUnavailable as exc:
+            await self._leave_quietly(conn, channel)
+            raise _unavailable(channel, exc) from None
+
+    async def _check_presence_room(self, app: AppConfig, channel: str, user_id: str) -> None:
+        members = await self.backend.presence_members(app.id, channel)
+        if len(members) >= app.max_presence_members and all(m.user_id != user_id for m in members):
+            raise protocol.presence_member_limit(channel, app.max_presence_members)
+
+    async def _joined(
+        self,
+        conn: Connection,
+        channel: str,
+        member: protocol.PresenceMember | None,
+        since: Position | None,
+    ) -> None:
+        app_id = conn.app.id
+        await self.backend.add_subscriptions(app_id, channel, 1)
+        added = False
+        if member is not None:
+            stored = PresenceMember(member.user_id, member.user_info)
+            added = await self.backend.presence_add(app_id, channel, conn.socket_id, stored)
+        await self._succeeded(conn, channel, member is not None)
+        await self._resume(conn, channel, since)
+        if added:
+            assert member is not None
+            info = {"user_id": member.user_id, "user_info": member.user_info}
+            await self._presence_notice(conn, channel, _MEMBER_ADDED, info)
+
+    async def _succeeded(self, conn: Connection, channel: str, presence: bool) -> None:
+        members = None
+        if presence:
+            found = await self.backend.presence_members(conn.app.id, channel)
+            members = {m.user_id: m.user_info for m in found}
+        conn.send(Outgoing(protocol.subscription_succeeded(channel, members)))
+
+    async def _resume(self, conn: Connection, channel: str, since: Position | None) -> None:
+        if since is None:
+            self.hub.release(conn, channel)
+            return
+        result = await self.backend.history(conn.app.id, channel, since)
+        self.hub.recovered(conn, channel, result.publications)
+        reason = None if result.recovered else _NOT_RECOVERED
+        conn.send(
+            Outgoing(protocol.resume_result(channel, result.recovered, result.position, reason))
+        )
+        last = result.publications[-1].position if result.publications else None
+        self.hub.release(conn, channel, after=last)
+
+    async def _leave_quietly(self, conn: Connection, channel: str) -> None:
+        try:
+            await self.unsubscribe(conn, channel)
+        except BackendUnavailable as exc:
+            log.warning("leaving %s of %s: %s", channel, conn.socket_id, exc)
+
+    async def unsubscribe(self, conn: Connection, channel: str) -> None:
+        """Handle ``pusher:unsubscribe`` (a channel not subscribed is ignored)."""
+        if channel not in conn.channels:
+            return
+        user_id = conn.channels.pop(channel)
+        if await self.hub.unsubscribe(conn, channel):
+            self.metrics.subscriptions.dec()
+            self.metrics.channels.set(self.hub.channels())
+        app_id = conn.app.id
+        await self.backend.add_subscriptions(app_id, channel, -1)
+        if user_id is None:
+            return
+        gone = await self.backend.presence_remove(app_id, channel, conn.socket_id)
+        if gone is not None:
+            await self._presence_notice(conn, channel, _MEMBER_REMOVED, {"user_id": gone.user_id})
+
+    async def _presence_notice(
+        self, conn: Connection, channel: str, event: str, data: dict[str, Any]
+    ) -> None:
+        text = orjson.dumps(data).decode()
+        publication = Publication(conn.app.id, channel, event, text, conn.socket_id)
+        await self.backend.publish(publication, history=False)
+
+    async def client_event(self, conn: Connection, command: protocol.ClientEvent) -> None:
+        """Relay a ``client-*`` event to the channel's other subscribers (every node).
+
+        Raises:
+            ProtocolError: client events disabled, public or unjoined channel (4305),
+                over the rate limit (4301).
+        """
+        app = conn.app
+        channel = command.channel
+        protocol.check_client_event(app, command, subscribed=channel in conn.channels)
+        if not conn.allow_client_event(self._now(), app.client_event_rate_limit):
+            raise ProtocolError(
+                ErrorCode.CLIENT_EVENT_RATE_LIMIT,
+                f"more than {app.client_event_rate_limit} client events per second; "
+                f"{command.event!r} was dropped",
+            )
+        publication = Publication(
+            app.id, channel, command.event, command.data, conn.socket_id, conn.channels[channel]
+        )
+        try:
+            await self.backend.publish(publication, history=False)
+        except BackendUnavailable as exc:
+            raise ProtocolError(
+                ErrorCode.CLIENT_EVENT_REJECTED, f"cannot relay {command.event!r} now: {exc}"
+            ) from None
+
+    def signin(self, conn: Connection, command: protocol.Signin) -> None:
+        """Handle ``pusher:signin``: check the signature and remember the user.
+
+        Raises:
+            ProtocolError: UNAUTHORIZED (closes) for a bad signature or ``user_data``.
+        """
+        app = conn.app
+        protocol.authorize_signin(app, conn.socket_id, command)
+        user_id = command.user.id
+        self._forget_user(conn)
+        conn.user_id = user_id
+        self._users.setdefault((app.id, user_id), set()).add(conn)
+        conn.send(Outgoing(protocol.signin_success(command.user_data)))
+
+    def _forget_user(self, conn: Connection) -> None:
+        if conn.user_id is None:
+            return
+        key = (conn.app.id, conn.user_id)
+        users = self._users.get(key)
+        if users is not None:
+            users.discard(conn)
+            if not users:
+                del self._users[key]
+
+    # -- HTTP API -----------------------------------------------------------------------
+
+    async def publish(
+        self,
+        app_id: str,
+        channels: Sequence[str],
+        event: str,
+        data: str,
+        exclude_socket_id: str | None = None,
+    ) -> dict[str, Position | None]:
+        """Publish ``event`` on every channel of ``channels`` (kept in history).
+
+        Returns:
+            The position each channel's publication got.
+
+        Raises:
+            BackendUnavailable: nothing (or not everything) was published.
+        """
+        publications = [
+            Publication(app_id, channel, event, data, exclude_socket_id) for channel in channels
+        ]
+        positions = await asyncio.gather(*(self.backend.publish(p) for p in publications))
+        self.metrics.http_publishes.inc(len(publications))
+        return dict(zip(channels, positions, strict=True))
+
+    async def channel_counts(self, app_id: str) -> dict[str, int]:
+        """Occupied channels of the app with their subscription counts (all nodes)."""
+        return await self.backend.subscription_counts(app_id)
+
+    async def presence_members(self, app_id: str, channel: str) -> list[PresenceMember]:
+        """The members of a presence channel (all nodes)."""
+        return await self.backend.presence_members(app_id, channel)
+
+    async def terminate_user(self, app_id: str, user_id: str) -> None:
+        """Close every connection signed in as ``user_id`` (on every node)."""
+        await self.backend.send_control(app_id, {"type": _TERMINATE, "user_id": user_id})
+
+    def _on_control(self, app_id: str, message: Mapping[str, Any]) -> None:
+        if message.get("type") != _TERMINATE:
+            log.warning("ignoring unknown control message %r", message)
+            return
+        user_id = str(message.get("user_id"))
+        for conn in list(self._users.get((app_id, user_id), ())):
+            conn.send(Outgoing(protocol.error(ErrorCode.UNAUTHORIZED, "connection terminated")))
+            conn.close(ErrorCode.UNAUTHORIZED, "connection terminated by the server")
+
+    # -- inactivity ---------------------------------------------------------------------
+
+    def _schedule_sweep(self) -> None:
+        assert self._loop is not None
+        interval = min(self.settings.activity_timeout, self.settings.pong_timeout) / 4
+        self._sweeper = self._loop.call_later(max(0.25, min(interval, 5.0)), self._sweep)
+
+    def _sweep(self) -> None:
+        """Ping connections idle for ``activity_timeout``; close (4201) those that did
+        not answer within ``pong_timeout``."""
+        now = self._now()
+        idle_limit = self.settings.activity_timeout
+        pong_limit = idle_limit + self.settings.pong_timeout
+        for conn in list(self.connections.values()):
+            idle = now - conn.last_seen
+            if conn.pinged and idle > pong_limit:
+                conn.close(ErrorCode.PONG_NOT_RECEIVED, "pong not received")
+            elif not conn.pinged and idle > idle_limit:
+                conn.pinged = True
+                conn.send(_PING)
+        self._schedule_sweep()
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _now(self) -> float:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop.time()
+
+    def _on_slow_consumer(self, conn: Connection) -> None:
+        self.metrics.slow_consumers.inc()
+        log.info("closed slow consumer %s (app %s)", conn.socket_id, conn.app.id)
+
+    def _backend_reconnects(self) -> float:
+        return float(getattr(self.backend, "reconnects", 0))
+
+
+def _backend_for(settings: Settings, apps: Sequence[AppConfig]) -> Backend:
+    options: dict[str, object] = {
+        "history_size": settings.history_size,
+        "history_ttl": settings.history_ttl,
+        "apps": [app.id for app in apps],
+    }
+    if not settings.backend.startswith("memory"):
+        options["prefix"] = settings.redis_prefix
+    return create_backend(settings.backend, **options)
+
+
+def _check_origin(app: AppConfig, origin: str | None) -> None:
+    if "*" in app.allowed_origins:
+        return
+    if origin is not None and _origin_allowed(origin, app.allowed_origins):
+        return
+    raise ProtocolError(
+        ErrorCode.UNAUTHORIZED,
+        f"origin {origin!r} is not allowed for app {app.id!r}; allowed: "
+        + ", ".join(app.allowed_origins),
+    )
+
+
+def _origin_allowed(origin: str, allowed: Sequence[str]) -> bool:
+    """Whether ``origin`` matches a pattern: a whole origin (``https://a.example``) or a
+    host name, either with ``*`` wildcards (``*.example.com``)."""
+    host = urlsplit(origin).hostname or ""
+    return any(
+        fnmatch.fnmatchcase(origin.lower(), p.lower()) or fnmatch.fnmatchcase(host, p.lower())
+        for p in allowed
+    )
+
+
+def _check_protocol_version(version: str | None) -> None:
+    if version is None:
+        raise ProtocolError(
+            ErrorCode.NO_PROTOCOL_VERSION,
+            f"no protocol version: connect to /app/<key>?protocol={PROTOCOL_VERSION}",
+        )
+    if not (version.isascii() and version.isdigit()):
+        raise ProtocolError(
+            ErrorCode.INVALID_VERSION,
+            f"protocol version {version!r} is not a number; use protocol={PROTOCOL_VERSION}",
+        )
+    if int(version) != PROTOCOL_VERSION:
+        raise ProtocolError(
+            ErrorCode.UNSUPPORTED_PROTOCOL,
+            f"protocol version {version} is not supported; use protocol={PROTOCOL_VERSION}",
+        )
+
+
+def _unavailable(channel: str, exc: BackendUnavailable) -> ProtocolError:
+    return ProtocolError(
+        ErrorCode.OVER_CAPACITY,
+        f"cannot subscribe to {channel!r} now ({exc}); retry later",
+        close=False,
+    )
