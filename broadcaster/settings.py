@@ -57,7 +57,8 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
     backend: str = "memory://"
-    app_id: Annotated[str, Field(min_length=1)] = "agent-app"
+    # Numeric, because the official Pusher server SDKs (e.g. Python's) accept only that.
+    app_id: Annotated[str, Field(min_length=1)] = "1"
     app_key: Annotated[str, Field(min_length=1)] = "agent-key"
     # Development defaults so the demo runs with no set-up; production sets its own.
     app_secret: Annotated[str, Field(min_length=1, repr=False)] = "agent-secret"  # noqa: S105

@@ -28,7 +28,7 @@ from broadcaster.settings import load_settings
 
 KEY = "agent-key"
 SECRET = "agent-secret"
-APP_ID = "agent-app"
+APP_ID = "1"
 
 
 @dataclass

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import websockets
 
-from tests.server.conftest import KEY, Client, LiveServer, StartServer, write_apps
+from tests.server.conftest import APP_ID, KEY, Client, LiveServer, StartServer, write_apps
 
 Connect = Callable[..., Awaitable[Client]]
 
@@ -160,11 +160,11 @@ async def test_unsubscribe_stops_delivery(start_server: StartServer, clients: Co
     client = await clients(live.app_url())
     await client.subscribe("agent.1")
     await client.subscribe("agent.2")
-    await live.node.publish("agent-app", ["agent.1"], "one", "1")
+    await live.node.publish(APP_ID, ["agent.1"], "one", "1")
     assert (await client.expect("one"))["channel"] == "agent.1"
     await client.send("pusher:unsubscribe", {"channel": "agent.1"})
     await client.send("pusher:ping")  # messages are handled in order: once the pong
     await client.expect("pusher:pong")  # is here, the unsubscribe is done
-    await live.node.publish("agent-app", ["agent.1"], "lost", "x")
-    await live.node.publish("agent-app", ["agent.2"], "two", "2")
+    await live.node.publish(APP_ID, ["agent.1"], "lost", "x")
+    await live.node.publish(APP_ID, ["agent.2"], "two", "2")
     assert (await client.expect("two"))["channel"] == "agent.2"
