@@ -596,6 +596,7 @@ class RedisBackend:
             names += self._channels
             if names:
                 await conn.send_command("SUBSCRIBE", *names, check_health=False)
+            await self._await_pong(conn)
             await self._restore()
         except BaseException:
             self._pubsub = None
@@ -656,17 +657,37 @@ class RedisBackend:
         assert on_publication is not None
         while True:
             reply = await conn.read_response()
-            kind = reply[0]
-            if kind == b"message":
+            if reply[0] == b"message":
                 data = reply[2]
                 if data[:1] == b"[":
                     self._deliver(on_publication, data)
                 else:
                     self._control(data)
-            elif kind == b"pong":
-                self._pong_at = asyncio.get_running_loop().time()
-            elif kind in (b"subscribe", b"unsubscribe"):
-                self._confirm(kind, reply[1])
+            else:
+                self._dispatch(reply)
+
+    def _dispatch(self, reply: list[Any]) -> None:
+        kind = reply[0]
+        if kind == b"message":
+            assert self._on_publication is not None
+            if reply[2][:1] == b"[":
+                self._deliver(self._on_publication, reply[2])
+            else:
+                self._control(reply[2])
+        elif kind == b"pong":
+            self._pong_at = asyncio.get_running_loop().time()
+        elif kind in (b"subscribe", b"unsubscribe"):
+            self._confirm(kind, reply[1])
+
+    async def _await_pong(self, conn: AbstractConnection) -> None:
+        """PING and read until the PONG: every SUBSCRIBE sent before is then in effect."""
+        await conn.send_command("PING", check_health=False)
+        async with asyncio.timeout(self.command_timeout):
+            while True:
+                reply = await conn.read_response()
+                if reply[0] == b"pong":
+                    return
+                self._dispatch(reply)
 
     @staticmethod
     def _deliver(on_publication: PublicationHandler, data: bytes) -> None:

@@ -1,0 +1,244 @@
+"""What is particular to the Redis backend: surviving the loss of Redis, dead nodes,
+the pub/sub connection's settings and the publisher used by agent processes."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from broadcaster.backends import BackendUnavailable, PresenceMember, create_backend
+from broadcaster.backends.redis import RedisBackend, decode_publication, publish_via_redis
+from broadcaster.publication import Position, Publication
+from tests.backends.helpers import APP, Node, eventually, eventually_async
+from tests.support import RedisServer, free_port
+
+pytestmark = pytest.mark.redis
+
+RedisFactory = Callable[[], RedisServer]
+
+
+class RedisNode(Node):
+    backend: RedisBackend
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Callable[..., Any]]:
+    """Start Redis-backed nodes sharing one prefix; all are stopped afterwards."""
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    nodes: list[RedisNode] = []
+
+    async def start(url: str, **options: Any) -> RedisNode:
+        options = {"prefix": prefix, "apps": (APP,), "reconnect_max": 0.2, **options}
+        node = RedisNode(RedisBackend(url, **options))
+        await node.backend.start(node.on_publication, node.on_control)
+        nodes.append(node)
+        return node
+
+    yield start
+    for node in nodes:
+        await node.backend.stop()
+
+
+def pub(data: str = "{}", channel: str = "chat") -> Publication:
+    return Publication(APP, channel, "agent.event", data)
+
+
+async def test_losing_redis_makes_the_node_not_ready_and_publish_fail(
+    redis_factory: RedisFactory, cluster: Callable[..., Any]
+) -> None:
+    redis = redis_factory()
+    node = await cluster(redis.url)
+
+    redis.kill()
+
+    await eventually(lambda: not node.backend.ready, "the node to notice the loss")
+    with pytest.raises(BackendUnavailable, match="unreachable; the node is reconnecting"):
+        await node.backend.publish(pub())
+    with pytest.raises(BackendUnavailable):
+        await node.backend.history(APP, "chat", Position(0, "e"))
+
+
+async def test_a_node_resubscribes_and_restores_its_state_when_redis_comes_back(
+    redis_factory: RedisFactory, cluster: Callable[..., Any]
+) -> None:
+    redis = redis_factory()
+    subscriber = await cluster(redis.url)
+    publisher = await cluster(redis.url)
+    await subscriber.backend.subscribe(APP, "chat")
+    await subscriber.backend.add_subscriptions(APP, "chat", 2)
+    alice = PresenceMember("alice", {"name": "Alice"})
+    await subscriber.backend.presence_add(APP, "presence-room", "1.1", alice)
+
+    redis.kill()
+    await eventually(lambda: not subscriber.backend.ready, "the subscriber to notice the loss")
+    await subscriber.backend.add_subscriptions(APP, "news", 1)  # while Redis is away
+    redis.start()  # empty: everything Redis held is gone
+
+    await eventually(lambda: subscriber.backend.ready, "the subscriber to reconnect")
+    await eventually(lambda: publisher.backend.ready, "the publisher to reconnect")
+    assert subscriber.backend.reconnects == 1
+    position = await publisher.backend.publish(pub("after restart"))
+    await subscriber.wait_for("chat")
+    assert [p.data for p in subscriber.on("chat")] == ["after restart"]
+    assert position == subscriber.on("chat")[0].position
+    counts = await publisher.backend.subscription_counts(APP)
+    assert counts == {"chat": 2, "news": 1}
+    assert await publisher.backend.presence_members(APP, "presence-room") == [alice]
+    assert await subscriber.backend.presence_remove(APP, "presence-room", "1.1") == alice
+
+
+async def test_an_unresponsive_redis_is_detected_by_the_heartbeat(
+    redis_factory: RedisFactory, cluster: Callable[..., Any]
+) -> None:
+    redis = redis_factory()
+    node = await cluster(
+        redis.url, node_ttl=3, heartbeat_interval=0.1, command_timeout=0.5, connect_timeout=0.5
+    )
+    await node.backend.subscribe(APP, "chat")
+    assert redis.proc is not None
+
+    redis.proc.send_signal(signal.SIGSTOP)
+    try:
+        await eventually(lambda: not node.backend.ready, "the heartbeat to notice")
+    finally:
+        redis.proc.send_signal(signal.SIGCONT)
+
+    await eventually(lambda: node.backend.ready, "the node to reconnect")
+    await node.backend.publish(pub("back"))
+    await node.wait_for("chat")
+
+
+async def test_a_node_started_before_redis_connects_when_redis_appears(
+    cluster: Callable[..., Any],
+) -> None:
+    port = free_port()
+    redis = RedisServer(port=port)
+    node = await cluster(redis.url)
+    assert not node.backend.ready
+    with pytest.raises(BackendUnavailable, match="unreachable"):
+        await node.backend.publish(pub())
+    await node.backend.subscribe(APP, "chat")  # recorded, subscribed once connected
+
+    redis.start()
+    try:
+        await eventually(lambda: node.backend.ready, "the node to connect")
+        assert node.backend.reconnects == 0
+        await node.backend.publish(pub("first"))
+        await node.wait_for("chat")
+    finally:
+        await node.backend.stop()
+        redis.stop()
+
+
+async def test_a_dead_nodes_presence_and_counts_disappear_after_its_ttl(
+    redis_server: RedisServer, cluster: Callable[..., Any]
+) -> None:
+    doomed = await cluster(redis_server.url, node_ttl=0.5, heartbeat_interval=0.1)
+    survivor = await cluster(redis_server.url)
+    alice = PresenceMember("alice")
+    assert await doomed.backend.presence_add(APP, "presence-room", "1.1", alice)
+    await doomed.backend.add_subscriptions(APP, "chat", 1)
+    assert await survivor.backend.presence_members(APP, "presence-room") == [alice]
+
+    for task in doomed.backend._tasks:  # the process dies: no more heartbeats
+        task.cancel()
+
+    async def gone() -> bool:
+        members = await survivor.backend.presence_members(APP, "presence-room")
+        return not members and not await survivor.backend.subscription_counts(APP)
+
+    await eventually_async(gone, "the dead node's presence and counts to disappear")
+    assert await survivor.backend.presence_add(APP, "presence-room", "2.1", alice) is True
+
+
+async def test_the_pubsub_connection_has_no_socket_timeout(
+    redis_server: RedisServer, cluster: Callable[..., Any]
+) -> None:
+    node = await cluster(redis_server.url, command_timeout=1.5)
+    assert node.backend._pubsub is not None
+
+    assert node.backend._pubsub.socket_timeout is None
+    assert node.backend._pubsub.socket_keepalive
+    assert node.backend._client.connection_pool.connection_kwargs["socket_timeout"] == 1.5
+
+
+async def test_an_agent_process_publishes_with_a_plain_client(
+    redis_server: RedisServer, cluster: Callable[..., Any]
+) -> None:
+    node = await cluster(redis_server.url)
+    await node.backend.subscribe(APP, "chat")
+    start = await node.backend.position(APP, "chat")
+    client = Redis.from_url(redis_server.url, decode_responses=True)
+
+    try:
+        position = await publish_via_redis(client, node.backend.prefix, pub("from agent"))
+        volatile = await publish_via_redis(client, node.backend.prefix, pub("x"), history=False)
+    finally:
+        await client.aclose()
+
+    assert volatile is None
+    assert position == Position(1, start.epoch)
+    await node.wait_for("chat", 2)
+    assert [p.data for p in node.on("chat")] == ["from agent", "x"]
+    history = await node.backend.history(APP, "chat", start)
+    assert [p.position for p in history.publications] == [position]
+
+
+async def test_wrong_credentials_fail_start_without_leaking_the_password(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = redis_server.url.replace("redis://", "redis://:hunter2-secret@")
+    backend = create_backend(url, apps=(APP,))
+    caplog.set_level(logging.DEBUG)
+
+    with pytest.raises(BackendUnavailable, match="refused this node") as failure:
+        await backend.start(lambda p: None, lambda a, m: None)
+
+    assert "hunter2" not in str(failure.value)
+    assert "hunter2" not in caplog.text
+    await backend.stop()
+
+
+def test_options_are_validated_with_messages_that_name_them() -> None:
+    with pytest.raises(ValueError, match="invalid Redis URL 'http://localhost'"):
+        RedisBackend("http://localhost")
+    with pytest.raises(ValueError, match="prefix must be"):
+        RedisBackend("redis://localhost", prefix="")
+    with pytest.raises(ValueError, match="node_id may contain only"):
+        RedisBackend("redis://localhost", node_id="a:b")
+    with pytest.raises(ValueError, match="heartbeat_interval must be between"):
+        RedisBackend("redis://localhost", node_ttl=1, heartbeat_interval=2)
+    with pytest.raises(ValueError, match="history_size must be at least 1"):
+        RedisBackend("redis://localhost", history_size=0)
+
+
+def test_payloads_that_are_not_publications_are_refused() -> None:
+    for payload in (b"nope", b"[2,1]", b"[1]", b"{}"):
+        with pytest.raises(ValueError, match="payload"):
+            decode_publication(payload)
+
+
+async def test_a_malformed_message_is_dropped_and_delivery_goes_on(
+    redis_server: RedisServer, cluster: Callable[..., Any]
+) -> None:
+    node = await cluster(redis_server.url)
+    await node.backend.subscribe(APP, "chat")
+    client = Redis.from_url(redis_server.url)
+    try:
+        channel = f"{node.backend.prefix}:{APP}:pub:chat"
+        await client.publish(channel, b"[not json")
+        await client.publish(f"{node.backend.prefix}:{APP}:#control", b"{broken")
+    finally:
+        await client.aclose()
+    await node.backend.publish(pub("fine"))
+    await node.backend.send_control(APP, {"type": "fine"})
+    await node.wait_for("chat")
+    await eventually(lambda: bool(node.controls), "the valid control message")
+    assert [p.data for p in node.on("chat")] == ["fine"]
+    assert node.controls == [(APP, {"type": "fine"})]
