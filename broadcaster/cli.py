@@ -33,6 +33,21 @@ def main() -> None:
 @click.option("--extension", "extensions", multiple=True, help="Extra extension to load.")
 @click.option("--activity-timeout", type=int, help="Seconds before a ping [120].")
 @click.option("--log-level", help="critical|error|warning|info|debug|trace [info].")
+@click.option(
+    "--enable-client-messages/--no-enable-client-messages",
+    default=None,
+    help="Allow client-* events for the single app [off].",
+)
+@click.option("--pong-timeout", type=int, help="Seconds to answer our ping before 4201 [30].")
+@click.option(
+    "--max-buffer-bytes", type=int, help="Unsent bytes before a slow client gets 4100 [1 MiB]."
+)
+@click.option("--max-request-bytes", type=int, help="Largest HTTP API body [256 KiB].")
+@click.option("--history-size", type=int, help="Publications kept per channel [1000].")
+@click.option("--history-ttl", type=int, help="Seconds a channel's history is kept [600].")
+@click.option("--redis-prefix", help="Prefix of every Redis key [broadcaster].")
+@click.option("--shutdown-timeout", type=float, help="Seconds a graceful shutdown may take [10].")
+@click.option("--metrics/--no-metrics", default=None, help="Serve /metrics [on].")
 def serve(**options: Any) -> None:
     """Start the server."""
     if not options["extensions"]:

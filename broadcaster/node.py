@@ -414,6 +414,9 @@ def _backend_for(settings: Settings, apps: Sequence[AppConfig]) -> Backend:
     options: dict[str, object] = {
         "history_size": settings.history_size,
         "history_ttl": settings.history_ttl,
+        # A channel's epoch outlives its history, so old positions are told "not
+        # recovered" rather than silently matched against a new history.
+        "history_meta_ttl": max(86_400.0, float(settings.history_ttl)),
         "apps": [app.id for app in apps],
     }
     if not settings.backend.startswith("memory"):

@@ -25,7 +25,10 @@ def serve(settings: Settings) -> None:
     """Serve until interrupted (SIGINT/SIGTERM trigger uvicorn's graceful shutdown)."""
     sock = _bind(settings.host, settings.port)
     port = sock.getsockname()[1]
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except ValueError as exc:  # e.g. an invalid Redis URL, named by the backend
+        sys.exit(f"agent-broadcaster: {exc}")
     config = uvicorn.Config(
         app,
         # The fast path writes pre-built frames, so frames must never be compressed.

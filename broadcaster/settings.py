@@ -76,7 +76,7 @@ class Settings(BaseSettings):
     # Largest HTTP API request body (413 above it).
     max_request_bytes: Annotated[int, Field(ge=1024, le=64 << 20)] = 256 << 10
     # Channel history kept for resume: publications per channel and seconds kept.
-    history_size: Annotated[int, Field(ge=0, le=100_000)] = 100
+    history_size: Annotated[int, Field(ge=1, le=100_000)] = 1000
     history_ttl: Annotated[int, Field(ge=1, le=7 * 86400)] = 600
     # Key prefix of everything the Redis backend stores (several deployments per Redis).
     redis_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_\-.:]{1,64}$")] = "broadcaster"
