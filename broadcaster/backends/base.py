@@ -148,6 +148,23 @@ class Backend(Protocol):
         """Occupied channels of the app and their subscription counts across live nodes."""
         ...
 
+    async def store_value(self, app_id: str, key: str, value: bytes, ttl: float) -> None:
+        """Keep ``value`` under ``key`` for ``ttl`` seconds, visible to every node (e.g. a
+        session's final state for reconcile).
+
+        Raises:
+            BackendUnavailable: nothing was stored.
+        """
+        ...
+
+    async def load_value(self, app_id: str, key: str) -> bytes | None:
+        """The value stored under ``key``, or None when absent or expired.
+
+        Raises:
+            BackendUnavailable: the backend cannot be read now.
+        """
+        ...
+
     async def send_control(self, app_id: str, message: Mapping[str, Any]) -> None:
         """Send a control message (e.g. terminate a user's connections) to every node,
         this one included."""

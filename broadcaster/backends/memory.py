@@ -71,6 +71,11 @@ def check_history_options(history_size: int, history_ttl: float, history_meta_tt
         )
 
 
+def _check_ttl(ttl: float) -> None:
+    if not ttl > 0:
+        raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
+
+
 @dataclass(slots=True)
 class _Stream:
     """One channel's history: its epoch, last offset and last publications."""
@@ -130,6 +135,7 @@ class MemoryBackend:
         self._streams: dict[_Key, _Stream] = {}
         self._presence: dict[_Key, _Presence] = {}
         self._counts: dict[str, dict[str, int]] = {}
+        self._values: dict[_Key, tuple[bytes, float]] = {}
         self._sweeper: asyncio.Task[None] | None = None
 
     @property
@@ -242,6 +248,19 @@ class MemoryBackend:
     async def subscription_counts(self, app_id: str) -> dict[str, int]:
         return dict(self._counts.get(app_id, {}))
 
+    async def store_value(self, app_id: str, key: str, value: bytes, ttl: float) -> None:
+        _check_ttl(ttl)
+        self._values[(app_id, key)] = (value, self._clock() + ttl)
+
+    async def load_value(self, app_id: str, key: str) -> bytes | None:
+        found = self._values.get((app_id, key))
+        if found is None:
+            return None
+        if found[1] <= self._clock():
+            del self._values[(app_id, key)]
+            return None
+        return found[0]
+
     async def send_control(self, app_id: str, message: Mapping[str, Any]) -> None:
         """Call the control handler with ``message`` before returning."""
         if self._on_control is not None:
@@ -305,6 +324,9 @@ class MemoryBackend:
                 del self._streams[key]
             elif stream.expires_at <= now:
                 stream.entries.clear()
+        for key, (_, expires_at) in list(self._values.items()):
+            if expires_at <= now:
+                del self._values[key]
 
     async def _sweep_forever(self) -> None:
         interval = min(max(self.history_ttl / 2, 1.0), 60.0)

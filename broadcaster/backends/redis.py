@@ -72,6 +72,8 @@ __all__ = [
     "decode_publication",
     "encode_publication",
     "publish_via_redis",
+    "store_value_via_redis",
+    "value_key",
 ]
 
 DEFAULT_PREFIX = "agentbc"
@@ -116,6 +118,26 @@ def decode_publication(payload: bytes | str) -> Publication:
 def publication_channel(prefix: str, app_id: str, channel: str) -> str:
     """The Redis pub/sub channel of ``channel``'s publications."""
     return f"{prefix}:{app_id}:pub:{channel}"
+
+
+def value_key(prefix: str, app_id: str, key: str) -> str:
+    """The Redis key of a stored value (see :meth:`RedisBackend.store_value`)."""
+    return f"{prefix}:{app_id}:value:{key}"
+
+
+async def store_value_via_redis(
+    client: Redis, prefix: str, app_id: str, key: str, value: bytes, ttl: float
+) -> None:
+    """Store a value as the Redis backend does, for processes that run no node (e.g.
+    an agent worker storing a session's final state).
+
+    Raises:
+        ValueError: ``ttl`` is not positive.
+        redis.exceptions.RedisError: from the client.
+    """
+    if not ttl > 0:
+        raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
+    await client.set(value_key(prefix, app_id, key), value, px=_ms(ttl))
 
 
 async def publish_via_redis(
@@ -366,6 +388,23 @@ class RedisBackend:
             )
         except _ERRORS as exc:
             raise self._failed("publish", exc) from exc
+
+    async def store_value(self, app_id: str, key: str, value: bytes, ttl: float) -> None:
+        """See :meth:`broadcaster.backends.base.Backend.store_value`."""
+        self._check_ready()
+        try:
+            await store_value_via_redis(self._client, self.prefix, app_id, key, value, ttl)
+        except _ERRORS as exc:
+            raise self._failed("store a value", exc) from exc
+
+    async def load_value(self, app_id: str, key: str) -> bytes | None:
+        """See :meth:`broadcaster.backends.base.Backend.load_value`."""
+        self._check_ready()
+        try:
+            value = await self._client.get(value_key(self.prefix, app_id, key))
+        except _ERRORS as exc:
+            raise self._failed("load a value", exc) from exc
+        return value.encode() if isinstance(value, str) else value
 
     async def send_control(self, app_id: str, message: Mapping[str, Any]) -> None:
         """Publish a control message to every node that lists ``app_id`` in ``apps``.

@@ -431,3 +431,35 @@ async def test_publish_after_stop_raises_backend_unavailable(
     await node.backend.stop()
     with pytest.raises(BackendUnavailable, match="stopped"):
         await node.backend.publish(pub("chat"))
+
+
+# -- stored values ------------------------------------------------------------------------
+
+
+async def test_stored_values_are_seen_by_every_node(backend_factory: BackendFactory) -> None:
+    writer, reader = await two_nodes(backend_factory)
+    await writer.backend.store_value(APP, "state:s1", b'{"status":"completed"}', ttl=60)
+    assert await reader.backend.load_value(APP, "state:s1") == b'{"status":"completed"}'
+    assert await reader.backend.load_value(APP, "state:unknown") is None
+
+
+async def test_stored_values_are_per_app(backend_factory: BackendFactory) -> None:
+    node = await backend_factory.node()
+    await node.backend.store_value(APP, "k", b"a", ttl=60)
+    assert await node.backend.load_value(OTHER_APP, "k") is None
+
+
+async def test_stored_values_expire(backend_factory: BackendFactory) -> None:
+    node = await backend_factory.node()
+    await node.backend.store_value(APP, "short", b"x", ttl=0.05)
+    await eventually_async(lambda: _absent(node, "short"), "the value to expire")
+
+
+async def _absent(node: Node, key: str) -> bool:
+    return await node.backend.load_value(APP, key) is None
+
+
+async def test_store_value_rejects_a_non_positive_ttl(backend_factory: BackendFactory) -> None:
+    node = await backend_factory.node()
+    with pytest.raises(ValueError, match="ttl must be a positive"):
+        await node.backend.store_value(APP, "k", b"x", ttl=0)
