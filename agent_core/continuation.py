@@ -31,6 +31,7 @@ __all__ = [
     "ContinuationDecision",
     "ContinuationEvaluation",
     "ContinuationOutcome",
+    "CriterionResult",
     "StartsWithExecution",
     "StopReason",
     "criterion_name",

@@ -103,6 +103,14 @@ class TracksCumulativeTime(Protocol):
         ...
 
 
+_VERBS = {
+    FORBID: "forbade continuation",
+    ALLOW: "allowed continuation",
+    REQUEST: "requested another step",
+    STOP: "allowed stopping",
+}
+
+
 def _evaluation(
     name: str,
     decision: ContinuationDecision,
@@ -110,10 +118,7 @@ def _evaluation(
     stop_reason: StopReason | None = None,
     context: dict[str, Any] | None = None,
 ) -> ContinuationEvaluation:
-    if decision is FORBID:
-        reason = f"{name} forbade continuation: {reason}"
-    else:
-        reason = f"{name} {decision.value}: {reason}"
+    reason = f"{name} {_VERBS[decision]}: {reason}"
     return ContinuationEvaluation(name, decision, reason, context or {}, stop_reason)
 
 

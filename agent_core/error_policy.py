@@ -11,7 +11,6 @@ failure step and its outcome.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from enum import StrEnum
 
 from agent_core.continuation import (
@@ -24,7 +23,7 @@ from agent_core.continuation import (
 from agent_core.criteria import CountsFailures, ErrorPresenceCheck
 from agent_core.errors import AgentError, ErrorType
 from agent_core.state import AgentState, AgentStatus
-from agent_core.steps import AgentStep, StepExecution
+from agent_core.steps import AgentStep
 
 __all__ = [
     "ErrorAction",
@@ -189,20 +188,3 @@ class ErrorHandler:
             outcome = outcome.with_evaluation(self.policy_criterion.evaluate(transition))
         failed = not outcome.should_continue and outcome.stop_reason is StopReason.ERROR
         return ErrorHandling(step, outcome, AgentStatus.FAILED if failed else state.status)
-
-    def record(self, state: AgentState, handling: ErrorHandling, now: datetime) -> AgentState:
-        """Record the failure step's result on ``state`` (the state the error hit)."""
-        current = state.current_execution
-        if current is None:
-            raise RuntimeError("record() needs the state of the step that failed")
-        result = StepExecution(
-            step=handling.failure_step,
-            outcome=handling.outcome,
-            step_number=current.step_number,
-            started_at=current.started_at,
-            completed_at=now,
-            id=handling.failure_step.id,
-            execution_id=state.execution_id(),
-        )
-        transition = state.record_step(handling.failure_step)
-        return transition.with_status(handling.final_status).record_step_execution(result)

@@ -78,7 +78,7 @@ def test_invalid_action_is_rejected() -> None:
     assert ErrorPolicy.retry_all(1).action_for(ErrorType.MODEL) is ErrorAction.RETRY
 
 
-def test_handler_records_a_failed_step_and_fails_the_run() -> None:
+def test_handler_builds_a_failure_step_that_fails_the_run() -> None:
     criteria = ContinuationCriteria[AgentState](
         StepsLimit(20), ErrorPolicyCriterion(), ToolCallPresenceCheck()
     )
@@ -88,13 +88,8 @@ def test_handler_records_a_failed_step_and_fails_the_run() -> None:
     assert handling.final_status is AgentStatus.FAILED
     assert handling.outcome.stop_reason is StopReason.ERROR
     assert handling.outcome.resolved_by == "ErrorPolicyCriterion"
-    recorded = handler.record(state, handling, T0)
-    assert recorded.status is AgentStatus.FAILED
-    last = recorded.last_step_result()
-    assert last is not None
-    assert last.step_number == 2
-    assert last.step.errors[0].message == "upstream 500"
-    assert recorded.pending_step() is None
+    assert handling.failure_step.id == "b"
+    assert handling.failure_step.errors[0].message == "upstream 500"
 
 
 def test_handler_retries_under_a_retry_policy() -> None:

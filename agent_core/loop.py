@@ -1,0 +1,226 @@
+"""The agent loop: the one place that awaits (model, tools, listeners).
+
+It only orchestrates. Each lifecycle point is one call to the observer followed by
+delivery of the events recorded meanwhile; all bookkeeping lives in the observers
+(:class:`~agent_core.lifecycle.CoreLifecycleObserver` first, then user hooks).
+
+Whether to go on: before the execution's first step the criteria are asked; after
+that the last step result is read. A failed execution never continues.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from agent_core._time import Clock, utc_now
+from agent_core.continuation import ContinuationCriteria, StopReason
+from agent_core.drivers.base import (
+    ModelDriver,
+    ModelRequest,
+    ModelResponse,
+    ResponseCompleted,
+    TextDelta,
+)
+from agent_core.errors import AgentError, ModelError
+from agent_core.events import (
+    EventDispatcher,
+    StreamChunk,
+    ToolCallBlocked,
+    ToolCallCompleted,
+    ToolCallStarted,
+)
+from agent_core.lifecycle import AgentObserver
+from agent_core.messages import Message, ToolCall
+from agent_core.state import AgentState, AgentStatus
+from agent_core.steps import AgentStep, ToolExecution
+from agent_core.tools import ToolRegistry, blocked_execution
+
+__all__ = ["AgentLoop"]
+
+LifecyclePoint = Callable[[AgentState], AgentState]
+
+
+class AgentLoop:
+    """Runs executions of one agent.
+
+    Args:
+        driver: the model.
+        tools: the tools the model may call.
+        observer: the lifecycle observer (usually a ``CompositeObserver``).
+        criteria: asked before the first step of each execution.
+        events: the dispatcher whose recorded events the loop delivers.
+        clock: the time source.
+        system_prompt: prepended to every model request (not stored in the state).
+        request_options: extra ``ModelRequest`` fields (model, temperature, max_tokens).
+    """
+
+    def __init__(
+        self,
+        driver: ModelDriver,
+        tools: ToolRegistry,
+        observer: AgentObserver,
+        criteria: ContinuationCriteria[AgentState],
+        events: EventDispatcher,
+        *,
+        clock: Clock = utc_now,
+        system_prompt: str | None = None,
+        request_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.driver = driver
+        self.tools = tools
+        self.observer = observer
+        self.criteria = criteria
+        self.events = events
+        self.clock = clock
+        self.system_prompt = system_prompt
+        self.request_options = request_options or {}
+
+    async def run(self, state: AgentState) -> AgentState:
+        """Run one execution to its end and return the final state."""
+        final = state
+        async for final in self.iterate(state):  # noqa: B007 (the last one is wanted)
+            pass
+        return final
+
+    async def iterate(self, state: AgentState) -> AsyncIterator[AgentState]:
+        """Run one execution, yielding the state after each step and the final state."""
+        state = await self._notify(self.observer.on_execution_start, state)
+        first = True
+        while True:
+            reason = self._stop_reason(state, first)
+            if reason is not None:
+                state = await self._notify(
+                    self.observer.on_before_stop, state.with_stop_requested(reason)
+                )
+                if not state.is_stop_prevented() or state.status is AgentStatus.FAILED:
+                    break
+            state = await self._step(state)
+            first = False
+            yield state
+        yield await self._notify(self.observer.on_execution_end, state)
+
+    async def _notify(self, point: LifecyclePoint, state: AgentState) -> AgentState:
+        state = point(state)
+        await self.events.flush()
+        return state
+
+    def _stop_reason(self, state: AgentState, first: bool) -> StopReason | None:
+        if state.status is AgentStatus.FAILED:
+            return StopReason.ERROR
+        outcome = self.criteria.evaluate_all(state) if first else state.continuation_outcome()
+        if outcome is None or outcome.should_continue:
+            return None
+        return outcome.stop_reason
+
+    async def _step(self, state: AgentState) -> AgentState:
+        state = await self._notify(self.observer.on_step_start, state.begin_step(self.clock()))
+        try:
+            state = await self._perform_step(state)
+        except AgentError as error:
+            return await self._notify(self.observer.on_error, state.with_error(error))
+        except Exception as exc:  # a broken driver or observer must not kill the run
+            wrapped = AgentError.from_exception(exc)
+            return await self._notify(self.observer.on_error, state.with_error(wrapped))
+        return await self._notify(self.observer.on_step_end, state)
+
+    async def _perform_step(self, state: AgentState) -> AgentState:
+        response = await self._infer(state)
+        executions: list[ToolExecution] = []
+        for tool_call in response.tool_calls:
+            state = await self._use_tool(state, tool_call)
+            execution = state.pending_execution()
+            assert execution is not None, "_use_tool leaves the execution pending"
+            executions.append(execution)
+        current = state.current_execution
+        assert current is not None, "a step is in progress"
+        return state.with_pending_step(AgentStep.from_response(current.id, response, executions))
+
+    def _request(self, state: AgentState) -> ModelRequest:
+        system = () if not self.system_prompt else (Message.system(self.system_prompt),)
+        return ModelRequest(
+            messages=(*system, *state.messages), tools=self.tools.schemas(), **self.request_options
+        )
+
+    def _meta(self, state: AgentState) -> dict[str, Any]:
+        current = state.current_execution
+        return {
+            "agent_id": state.agent_id,
+            "execution_id": state.execution_id(),
+            "occurred_at": self.clock(),
+            "step_number": 0 if current is None else current.step_number,
+        }
+
+    async def _chunk(self, state: AgentState, text: str, index: int, complete: bool) -> None:
+        meta = self._meta(state)
+        self.events.emit(
+            StreamChunk(**meta, text_delta=text, chunk_index=index, is_complete=complete)
+        )
+        await self.events.flush()
+
+    async def _infer(self, state: AgentState) -> ModelResponse:
+        index = 0
+        async for event in self.driver.stream(self._request(state)):
+            if isinstance(event, TextDelta):
+                await self._chunk(state, event.text, index, False)
+                index += 1
+            elif isinstance(event, ResponseCompleted):
+                if index:
+                    await self._chunk(state, "", index, True)
+                return event.response
+        raise ModelError("the model driver's stream ended without a ResponseCompleted event")
+
+    async def _use_tool(self, state: AgentState, tool_call: ToolCall) -> AgentState:
+        state = await self._notify(
+            self.observer.on_before_tool_use, state.with_pending_tool_call(tool_call)
+        )
+        planned = _keep_id(state.pending_tool_call() or tool_call, tool_call.id)
+        if state.is_tool_call_blocked():
+            execution = self._block(state, planned)
+        else:
+            execution = await self._execute(state, planned)
+        return await self._notify(
+            self.observer.on_after_tool_use, state.with_pending_execution(execution)
+        )
+
+    def _block(self, state: AgentState, tool_call: ToolCall) -> ToolExecution:
+        reason = state.decision_reason() or "blocked by a hook"
+        self.events.emit(
+            ToolCallBlocked(
+                **self._meta(state),
+                tool_call_id=tool_call.id,
+                tool_name=tool_call.name,
+                args=tool_call.arguments,
+                reason=reason,
+            )
+        )
+        return blocked_execution(tool_call, reason, self.clock)
+
+    async def _execute(self, state: AgentState, tool_call: ToolCall) -> ToolExecution:
+        call_fields: dict[str, Any] = {
+            "tool_call_id": tool_call.id,
+            "tool_name": tool_call.name,
+            "args": tool_call.arguments,
+        }
+        self.events.emit(ToolCallStarted(**self._meta(state), **call_fields))
+        await self.events.flush()
+        execution = await self.tools.execute(tool_call, self.clock)
+        self.events.emit(
+            ToolCallCompleted(
+                **self._meta(state),
+                **call_fields,
+                success=execution.success,
+                error=None if execution.error is None else execution.error.message,
+                duration_ms=execution.duration_ms,
+                result=execution.output,
+            )
+        )
+        return execution
+
+
+def _keep_id(tool_call: ToolCall, call_id: str) -> ToolCall:
+    """A hook may change a call, but not its id: the tool result must answer the
+    model's call."""
+    if tool_call.id == call_id:
+        return tool_call
+    return tool_call.model_copy(update={"id": call_id})
