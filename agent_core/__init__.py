@@ -14,6 +14,7 @@ Module map::
     hooks          user hooks by priority
     loop           AgentLoop (the only place that awaits)
     agent/builder  Agent and AgentBuilder (the defaults)
+    serialization  full round trip; slim: the compact snapshot (seed 004)
     drivers        the driver protocol, the scripted driver, the OpenAI-compatible one
     demo_tools     deterministic demo tools and the demo script
 """
@@ -78,6 +79,12 @@ from agent_core.lifecycle import (
 )
 from agent_core.loop import AgentLoop
 from agent_core.messages import FinishReason, Message, Role, ToolCall, Usage
+from agent_core.serialization import (
+    AgentStateSerializer,
+    FullAgentStateSerializer,
+    SerializationError,
+)
+from agent_core.slim import SlimAgentStateSerializer, SlimSerializationConfig
 from agent_core.state import (
     AgentState,
     AgentStatus,
@@ -103,6 +110,7 @@ __all__ = [
     "AgentLoop",
     "AgentObserver",
     "AgentState",
+    "AgentStateSerializer",
     "AgentStatus",
     "AgentStep",
     "CallableCriterion",
@@ -131,6 +139,7 @@ __all__ = [
     "ExecutionTimeLimit",
     "FinishReason",
     "FinishReasonCheck",
+    "FullAgentStateSerializer",
     "HookExecuted",
     "HookPoint",
     "HookStack",
@@ -149,6 +158,9 @@ __all__ = [
     "ScriptedDriver",
     "ScriptedFailure",
     "ScriptedResponse",
+    "SerializationError",
+    "SlimAgentStateSerializer",
+    "SlimSerializationConfig",
     "StateUpdated",
     "StepCompleted",
     "StepError",
