@@ -19,15 +19,20 @@ from broadcaster.exceptions import ProtocolError
 __all__ = [
     "CLIENT_EVENT_PREFIX",
     "MAX_CHANNEL_NAME_LENGTH",
+    "SERVER_TO_USER_PREFIX",
     "ChannelKind",
     "channel_kind",
     "is_client_event",
     "is_encrypted",
+    "server_to_user_id",
     "validate_channel_name",
 ]
 
 MAX_CHANNEL_NAME_LENGTH = 164
 CLIENT_EVENT_PREFIX = "client-"
+SERVER_TO_USER_PREFIX = "#server-to-user-"
+"""Pusher's per-user channel: ``#server-to-user-<user id>``, joined (without auth) by a
+connection signed in as that user, and the target of the SDKs' ``send_to_user``."""
 
 _NAME = re.compile(r"[A-Za-z0-9_\-=@,.;]+")
 _ALLOWED = "letters, digits and _ - = @ , . ;"
@@ -68,6 +73,13 @@ def is_client_event(event: str) -> bool:
     return event.startswith(CLIENT_EVENT_PREFIX)
 
 
+def server_to_user_id(name: str) -> str | None:
+    """The user id of a ``#server-to-user-<id>`` channel, else None."""
+    if name.startswith(SERVER_TO_USER_PREFIX):
+        return name[len(SERVER_TO_USER_PREFIX) :]
+    return None
+
+
 def validate_channel_name(name: object) -> str:
     """Check that ``name`` is a valid channel name and return it.
 
@@ -84,8 +96,12 @@ def validate_channel_name(name: object) -> str:
             f"channel name is {len(name)} characters long; "
             f"the limit is {MAX_CHANNEL_NAME_LENGTH}: {name[:40]!r}..."
         )
-    if _NAME.fullmatch(name) is None:
-        bad = next(ch for ch in name if _NAME.fullmatch(ch) is None)
+    rest = server_to_user_id(name)
+    if rest is not None and not rest:
+        raise _invalid(f"channel name {name!r} names no user after {SERVER_TO_USER_PREFIX!r}")
+    checked = name if rest is None else rest
+    if _NAME.fullmatch(checked) is None:
+        bad = next(ch for ch in checked if _NAME.fullmatch(ch) is None)
         raise _invalid(f"channel name {name!r} contains {bad!r}; use only {_ALLOWED}")
     return name
 

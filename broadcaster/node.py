@@ -25,6 +25,7 @@ from broadcaster._frames import Outgoing
 from broadcaster._uvicorn import RawSocket
 from broadcaster.backends import create_backend
 from broadcaster.backends.base import Backend, BackendUnavailable, PresenceMember
+from broadcaster.channels import server_to_user_id
 from broadcaster.codes import ErrorCode
 from broadcaster.connection import AsgiConnection, AsgiSend, Connection, Delivery
 from broadcaster.exceptions import ProtocolError
@@ -184,6 +185,7 @@ class Node:
         """
         channel = command.channel
         protocol.authorize_subscription(conn.app, conn.socket_id, command)
+        _authorize_user_channel(conn, channel)
         if channel in conn.channels:
             await self._succeeded(conn, channel, command.member is not None)
             return
@@ -461,6 +463,17 @@ def _check_protocol_version(version: str | None) -> None:
         raise ProtocolError(
             ErrorCode.UNSUPPORTED_PROTOCOL,
             f"protocol version {version} is not supported; use protocol={PROTOCOL_VERSION}",
+        )
+
+
+def _authorize_user_channel(conn: Connection, channel: str) -> None:
+    user_id = server_to_user_id(channel)
+    if user_id is not None and user_id != conn.user_id:
+        raise ProtocolError(
+            ErrorCode.SUBSCRIPTION_UNAUTHORIZED,
+            f"only a connection signed in (pusher:signin) as user {user_id!r} may "
+            f"subscribe to {channel!r}",
+            channel=channel,
         )
 
 

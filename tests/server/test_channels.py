@@ -237,3 +237,19 @@ async def test_resume_from_an_unknown_epoch_is_not_recovered(
     result = await client.expect("broadcaster:resume")
     assert result["data"]["recovered"] is False
     assert result["data"]["position"]
+
+
+async def test_server_to_user_channel_is_only_for_that_signed_in_user(
+    live: LiveServer, clients: Connect
+) -> None:
+    client = await clients(live.app_url())
+    answer = await client.subscribe("#server-to-user-u1")
+    assert answer["event"] == "pusher:subscription_error"
+    assert answer["data"]["code"] == 4309
+    user_data = json.dumps({"id": "u1"})
+    auth = user_auth(KEY, SECRET, client.socket_id, user_data)
+    await client.send("pusher:signin", {"auth": auth, "user_data": user_data})
+    await client.expect("pusher:signin_success")
+    answer = await client.subscribe("#server-to-user-u1")
+    assert answer["event"] == "pusher_internal:subscription_succeeded"
+    assert (await client.subscribe("#server-to-user-u2"))["data"]["code"] == 4309
