@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime
@@ -226,7 +227,7 @@ class EventDispatcher:
 
     def __init__(self) -> None:
         self._listeners: list[tuple[type[AgentEvent], Listener]] = []
-        self._pending: list[AgentEvent] = []
+        self._pending: deque[AgentEvent] = deque()
 
     def listen(self, listener: Listener) -> None:
         """Call ``listener`` (sync or async) with every event."""
@@ -247,7 +248,7 @@ class EventDispatcher:
     async def flush(self) -> None:
         """Deliver recorded events in order; a raising listener is logged and skipped."""
         while self._pending:
-            event = self._pending.pop(0)
+            event = self._pending.popleft()
             for event_type, listener in tuple(self._listeners):
                 if isinstance(event, event_type):
                     await _deliver(listener, event)
