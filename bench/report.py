@@ -1,0 +1,213 @@
+"""The readable part of a bench run: tables with ratios to the references, and the
+issue's targets checked against one run's figures."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Target", "ratio", "table", "targets"]
+
+Result = dict[str, Any]
+REFS = ("websockets", "socketio")
+OURS = "broadcaster"
+
+
+def _find(results: Sequence[Result], server: str, scenario: str) -> Result | None:
+    for r in results:
+        if r.get("server") == server and r.get("scenario") == scenario and "error" not in r:
+            return r
+    return None
+
+
+def _get(result: Result | None, key: str) -> Any:
+    if result is None:
+        return None
+    value: Any = result
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def ratio(results: Sequence[Result], scenario: str, key: str, ref: str) -> float | None:
+    """Our ``key`` divided by reference ``ref``'s, in ``scenario``; None if either is missing."""
+    ours, theirs = (
+        _get(_find(results, OURS, scenario), key),
+        _get(_find(results, ref, scenario), key),
+    )
+    if not isinstance(ours, int | float) or not isinstance(theirs, int | float) or not theirs:
+        return None
+    return round(ours / theirs, 2)
+
+
+# Per scenario: the columns shown, as (heading, key); the first is the one compared.
+_COLUMNS: dict[str, list[tuple[str, str]]] = {
+    "fanout": [
+        ("CPU us/msg", "server_cpu_us_per_msg"),
+        ("msgs/s", "msgs_per_s"),
+        ("server CPU%", "server_cpu_pct"),
+        ("loadgen CPU%", "loadgen_cpu_pct"),
+        ("lost", "lost"),
+        ("reordered", "out_of_order"),
+    ],
+    "latency": [
+        ("p99 ms", "latency_ms.p99"),
+        ("p50 ms", "latency_ms.p50"),
+        ("max ms", "latency_ms.max"),
+        ("CPU us/msg", "server_cpu_us_per_msg"),
+        ("loadgen CPU%", "loadgen_cpu_pct"),
+        ("lost", "lost"),
+        ("reordered", "out_of_order"),
+    ],
+    "channels": [
+        ("CPU us/msg", "server_cpu_us_per_msg"),
+        ("msgs/s", "msgs_per_s"),
+        ("server CPU%", "server_cpu_pct"),
+        ("loadgen CPU%", "loadgen_cpu_pct"),
+        ("publisher CPU%", "publisher_cpu_pct"),
+        ("lost", "lost"),
+        ("reordered", "out_of_order"),
+    ],
+    "idle": [
+        ("KB/conn", "rss_kb_per_conn"),
+        ("KB/conn subscribed", "rss_kb_per_conn_subscribed"),
+        ("connects/s", "connect_per_s"),
+        ("CPU us/connect", "server_cpu_us_per_connect"),
+        ("CPU us/subscribe", "server_cpu_us_per_subscribe"),
+    ],
+    "http": [
+        ("single req/s", "single_requests_per_s"),
+        ("CPU us/req", "single_server_cpu_us_per_request"),
+        ("p99 ms", "single_request_ms.p99"),
+        ("batch events/s", "batch_events_per_s"),
+        ("CPU us/event", "batch_server_cpu_us_per_event"),
+        ("client CPU%", "single_client_cpu_pct"),
+        ("lost", "lost"),
+        ("reordered", "out_of_order"),
+    ],
+}
+_LABELS = {"broadcaster": "agent-broadcaster", "websockets": "websockets (ref)"}
+_LABELS["socketio"] = "socket.io (ref)"
+
+
+def _label(server: str) -> str:
+    return _LABELS.get(server, server)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def table(results: Sequence[Result]) -> str:
+    """Plain-text tables, one per scenario, with our figure as a ratio to each reference."""
+    out: list[str] = []
+    scenarios = list(dict.fromkeys(r["scenario"] for r in results))
+    for scenario in scenarios:
+        columns = _COLUMNS.get(scenario, [])
+        rows = [r for r in results if r["scenario"] == scenario]
+        head = ["server", *(h for h, _ in columns), "x websockets", "x socket.io"]
+        body: list[list[str]] = []
+        for r in rows:
+            if "error" in r:
+                body.append([_label(r["server"]), f"FAILED: {r['error'][:60]}"])
+                continue
+            cells = [_label(r["server"])]
+            cells += [_fmt(_get(r, key)) for _, key in columns]
+            if r["server"] == OURS and columns:
+                key = columns[0][1]
+                cells += [_fmt(ratio(results, scenario, key, ref)) for ref in REFS]
+            else:
+                cells += ["", ""]
+            body.append(cells)
+        widths = [
+            max(len(row[i]) for row in [head, *body] if i < len(row)) for i in range(len(head))
+        ]
+        out.append(f"== {scenario}")
+        for row in [head, *body]:
+            out.append(
+                "  ".join(
+                    c.rjust(w) if i else c.ljust(w)
+                    for i, (c, w) in enumerate(zip(row, widths, strict=False))
+                )
+            )
+        out.append("")
+    return "\n".join(out)
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    passed: bool | None  # None: not measured in this run
+    detail: str
+
+    def line(self) -> str:
+        mark = {True: "PASS", False: "FAIL", None: "n/a "}[self.passed]
+        return f"[{mark}] {self.name}: {self.detail}"
+
+
+def _check(name: str, values: Sequence[Any], test: Callable[..., bool], detail: str) -> Target:
+    if any(v is None for v in values):
+        return Target(name, None, "not measured in this run")
+    return Target(name, test(*values), detail.format(*values))
+
+
+def targets(results: Sequence[Result]) -> list[Target]:
+    """Issue 8's targets, each from this run's figures."""
+    cpu = "server_cpu_us_per_msg"
+    found = []
+    found.append(
+        _check(
+            "(a) fan-out CPU <= 0.5x plain websockets",
+            [ratio(results, "fanout", cpu, "websockets")],
+            lambda r: r <= 0.5,
+            "{}x",
+        )
+    )
+    found.append(
+        _check(
+            "(a) fan-out CPU below Node socket.io",
+            [ratio(results, "fanout", cpu, "socketio")],
+            lambda r: r < 1,
+            "{}x",
+        )
+    )
+    ours_p99 = _get(_find(results, OURS, "latency"), "latency_ms.p99")
+    refs_p99 = [_get(_find(results, ref, "latency"), "latency_ms.p99") for ref in REFS]
+    refs_p99 = [p for p in refs_p99 if p is not None]
+    found.append(
+        _check(
+            "(b) p99 latency at 100 x 200 msg/s <= 10 ms and no worse than the references",
+            [ours_p99, min(refs_p99) if refs_p99 else None],
+            lambda ours, best: ours <= 10 and ours <= best,
+            "{} ms (best reference {} ms)",
+        )
+    )
+    found.append(
+        _check(
+            "(c) RSS per idle connection <= 12 KB",
+            [_get(_find(results, OURS, "idle"), "rss_kb_per_conn")],
+            lambda kb: kb <= 12,
+            "{} KB",
+        )
+    )
+    bad = [
+        f"{r['server']}/{r['scenario']}: lost {r.get('lost')}, reordered {r.get('out_of_order')}"
+        for r in results
+        if "error" not in r and (r.get("lost") or r.get("out_of_order") or r.get("wrong_channel"))
+    ]
+    measured = [r for r in results if "error" not in r]
+    found.append(
+        Target(
+            "(d) no lost or reordered message in any scenario",
+            (not bad) if measured else None,
+            "; ".join(bad) if bad else f"{len(measured)} runs clean",
+        )
+    )
+    return found
