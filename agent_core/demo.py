@@ -1,28 +1,235 @@
-"""The demo extension: serves the dashboard in ``frontend-demo/`` at ``/``.
+"""The demo extension: the dashboard at ``/`` and the run API behind it.
 
 Loaded by the server through the ``agent_broadcaster.extensions`` entry point named
-``demo`` (``agent-broadcaster serve --demo``); this module is the composition root that
-wires ``agent_core`` into ``broadcaster``.
+``demo`` (``agent-broadcaster serve --demo``). This module is the composition root that
+wires ``agent_core`` into ``broadcaster``; ``broadcaster`` never imports it.
+
+Routes:
+    ``GET /``                      the dashboard (``frontend-demo/``)
+    ``GET /api/demo/config``       what the page needs: app key, private sessions, auth URL
+    ``POST /run``                  ``{input, session_id?, trace?, pace_ms?}`` -> 202
+                                   ``{session_id, execution_id, channel, state_url,
+                                   position, auth?}``; subscribe with ``position`` to
+                                   receive the whole run however late you subscribe
+    ``POST /broadcasting/auth``    signs ``private-agent.<session>`` subscriptions for the
+                                   holder of that session's token (private sessions only)
+
+Settings come from ``AGENT_DEMO_*`` environment variables (:class:`DemoSettings`).
 """
 
 from __future__ import annotations
 
+import hmac
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from hashlib import sha256
 from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import parse_qsl
 
+import orjson
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from agent_core.runs import DriverFactory, RunManager, RunRequest, SessionBusy
+from broadcaster.backends import BackendUnavailable
 from broadcaster.extensions import ExtensionContext
+from broadcaster.node import Node
+from broadcaster.publishers import BackendStateStore, InProcessPublisher, state_key
+from broadcaster.settings import AppConfig
+from broadcaster.signing import channel_auth
 
-__all__ = ["FRONTEND_DIR", "install"]
+__all__ = ["FRONTEND_DIR", "DemoSettings", "install", "private_channel", "session_token"]
 
 FRONTEND_DIR = Path(__file__).resolve().parent.parent / "frontend-demo"
+AUTH_PATH = "/broadcasting/auth"
+
+
+class DemoSettings(BaseSettings):
+    """Settings of the demo extension (``AGENT_DEMO_<FIELD>``)."""
+
+    model_config = SettingsConfigDict(env_prefix="AGENT_DEMO_", extra="forbid")
+
+    private_sessions: bool = Field(
+        default=False,
+        description="runs publish on private-agent.<session>, authorised per session",
+    )
+    driver: Literal["scripted", "openai"] = "scripted"
+    state_ttl: float = Field(default=86_400.0, gt=0)
+
+
+def private_channel(session_id: str) -> str:
+    return f"private-agent.{session_id}"
+
+
+def session_token(app: AppConfig, session_id: str) -> str:
+    """The bearer token that lets a browser subscribe to its own private session."""
+    return hmac.new(app.secret.encode(), f"demo-session:{session_id}".encode(), sha256).hexdigest()
+
+
+def _driver_factory(settings: DemoSettings) -> DriverFactory | None:
+    if settings.driver == "scripted":
+        return None
+    from agent_core.drivers.openai import OpenAIChatDriver
+
+    return lambda _input: OpenAIChatDriver()
+
+
+@dataclass
+class _Demo:
+    node: Node
+    app: AppConfig
+    settings: DemoSettings
+    runs: RunManager | None = None
+
+    def start(self) -> RunManager:
+        backend, app_id = self.node.backend, self.app.id
+
+        async def load(session_id: str) -> bytes | None:
+            return await backend.load_value(app_id, state_key(session_id))
+
+        async def position(channel: str) -> str | None:
+            return str(await backend.position(app_id, channel))
+
+        manager = RunManager(
+            publisher=InProcessPublisher(self.node, app_id),
+            state_store=BackendStateStore(backend, app_id, self.settings.state_ttl),
+            load_snapshot=load,
+            position_of=position,
+            channel_for_session=private_channel if self.settings.private_sessions else _public,
+        )
+        factory = _driver_factory(self.settings)
+        if factory is not None:
+            manager.driver_factory = factory
+        self.runs = manager
+        return manager
+
+
+def _public(session_id: str) -> str:
+    return f"agent.{session_id}"
 
 
 def install(ctx: ExtensionContext) -> None:
-    """Add the dashboard routes to the server."""
+    """Add the dashboard and the run API to the server.
+
+    Raises:
+        RuntimeError: the dashboard files are missing or there is no node.
+    """
     if not (FRONTEND_DIR / "index.html").is_file():
         raise RuntimeError(f"demo dashboard not found: {FRONTEND_DIR / 'index.html'} is missing")
+    if ctx.node is None:
+        raise RuntimeError("the demo extension needs the server's node")
+    demo = _Demo(ctx.node, ctx.node.apps[0], DemoSettings())
+
+    @asynccontextmanager
+    async def lifespan() -> AsyncIterator[None]:
+        manager = demo.start()
+        try:
+            yield
+        finally:
+            await manager.aclose()
+
+    ctx.lifespans.append(lifespan)
     static = StaticFiles(directory=FRONTEND_DIR, html=True)
-    ctx.routes.append(Route("/", static, name="dashboard"))
-    ctx.routes.append(Mount("/demo", static, name="demo-assets"))
+    ctx.routes += [
+        Route("/", static, name="dashboard"),
+        Route("/api/demo/config", _config(demo), methods=["GET"]),
+        Route("/run", _run(demo), methods=["POST"]),
+        Route(AUTH_PATH, _auth(demo), methods=["POST"]),
+        Mount("/demo", static, name="demo-assets"),
+    ]
+    ctx.state["demo"] = demo
+
+
+def _error(status: int, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": message, **extra}, status_code=status)
+
+
+def _config(demo: _Demo) -> Any:
+    async def config(request: Request) -> Response:
+        return JSONResponse(
+            {
+                "app_key": demo.app.key,
+                "private_sessions": demo.settings.private_sessions,
+                "auth_endpoint": AUTH_PATH,
+            }
+        )
+
+    return config
+
+
+def _run(demo: _Demo) -> Any:
+    async def run(request: Request) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as exc:
+            return _error(400, f"the body must be JSON: {exc}")
+        try:
+            run_request = RunRequest.model_validate(body)
+        except ValidationError as exc:
+            details = exc.errors(include_url=False, include_context=False)
+            return _error(422, _describe(exc), details=orjson.loads(orjson.dumps(details)))
+        assert demo.runs is not None, "the lifespan starts the run manager"
+        try:
+            handle = await demo.runs.start(run_request)
+        except SessionBusy as exc:
+            return _error(409, str(exc), session_id=exc.session_id)
+        except BackendUnavailable as exc:
+            return _error(503, str(exc))
+        answer: dict[str, Any] = {
+            "session_id": handle.session_id,
+            "execution_id": handle.execution_id,
+            "channel": handle.channel,
+            "state_url": demo.runs.state_url(handle.session_id),
+            "position": handle.position,
+        }
+        if demo.settings.private_sessions:
+            token = session_token(demo.app, handle.session_id)
+            answer["auth"] = {"endpoint": AUTH_PATH, "token": token}
+        return JSONResponse(answer, status_code=202)
+
+    return run
+
+
+def _describe(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "body"
+    return f"invalid run request: {where}: {first['msg']}"
+
+
+def _auth(demo: _Demo) -> Any:
+    async def auth(request: Request) -> Response:
+        fields = await _fields(request)
+        socket_id = fields.get("socket_id", "")
+        channel = fields.get("channel_name", "")
+        token = fields.get("session_token", "")
+        if not socket_id or not channel:
+            return _error(400, "socket_id and channel_name are required")
+        session_id = channel.removeprefix("private-agent.")
+        if not channel.startswith("private-agent.") or not session_id:
+            return _error(403, f"{channel!r} is not a private agent session channel")
+        expected = session_token(demo.app, session_id)
+        if not token or not hmac.compare_digest(token, expected):
+            return _error(403, f"the session token does not grant {channel!r}")
+        return JSONResponse(
+            {"auth": channel_auth(demo.app.key, demo.app.secret, socket_id, channel)}
+        )
+
+    return auth
+
+
+async def _fields(request: Request) -> dict[str, str]:
+    """URL-encoded form fields (pusher-js's default) or a JSON object."""
+    body = await request.body()
+    if request.headers.get("content-type", "").startswith("application/json"):
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return {}
+        return {k: str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    return dict(parse_qsl(body.decode("utf-8", "replace")))

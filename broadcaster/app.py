@@ -14,6 +14,7 @@ from broadcaster.extensions import ExtensionContext, load_extension
 from broadcaster.http_api import api_routes
 from broadcaster.metrics import CONTENT_TYPE
 from broadcaster.node import Node
+from broadcaster.sessions import routes as session_routes
 from broadcaster.settings import Settings
 from broadcaster.websocket import BadPathEndpoint, WebSocketEndpoint
 
@@ -63,6 +64,7 @@ def _routes(node: Node, settings: Settings, extra: list[BaseRoute]) -> list[Base
         Route("/ready", ready),
         WebSocketRoute("/app/{key}", WebSocketEndpoint(node)),
         *api_routes(node),
+        *session_routes(node),
     ]
     if settings.metrics:
         routes.append(Route("/metrics", metrics))

@@ -1,0 +1,419 @@
+"""The envelope adapter (seed 004's ``ReverbAgentEventAdapter``): agent events in,
+envelopes on ``agent.<session>`` out.
+
+:class:`AgentEventAdapter` listens to an agent's events and publishes one envelope per
+lifecycle event through a :class:`broadcaster.publishers.Publisher`. It keeps
+``agent.status`` in step with the run (``in_progress`` on start, ``completed`` /
+``failed`` at the end, after the final state was stored for reconcile), summarises tool
+arguments and results, and coalesces streamed text so that a fast model does not
+become one publish per token.
+
+Ordering: envelopes are published one at a time, in event order, under one lock; the
+timer that flushes coalesced text takes the same lock, so text never overtakes the
+event that followed it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from agent_core import events as ev
+from agent_core.builder import AgentBuilder
+from agent_core.continuation import ContinuationOutcome
+from agent_core.hooks import HookPoint
+from agent_core.state import AgentState
+from broadcaster import envelope as env
+from broadcaster.publishers import Publisher
+
+__all__ = [
+    "AdapterOptions",
+    "AgentEventAdapter",
+    "FinalStateHook",
+    "summarize_args",
+    "summarize_result",
+]
+
+logger = logging.getLogger(__name__)
+
+FinalStateHook = Callable[[AgentState], Awaitable[str | None]]
+"""Called with the final state before the final ``agent.status``; stores it and returns
+the URL where it can be fetched (or None)."""
+
+
+@dataclass(frozen=True)
+class AdapterOptions:
+    """What the adapter publishes and how.
+
+    Args:
+        include_continuation_trace: publish ``agent.continuation`` with every
+            evaluation (the debugging view); off by default, as in seed 004.
+        include_step_continuation: add the continuation summary (should_continue,
+            stop_reason, resolved_by) to ``agent.step.completed``.
+        include_stream_chunks: publish ``agent.stream.chunk``.
+        redact_tool_args: replace argument values with ``[redacted]`` in summaries.
+        summary_length: longest result summary (longer ones end in ``...``).
+        arg_value_length: longest single argument value in an argument summary.
+        max_summary_args: how many arguments an argument summary shows.
+        coalesce_seconds: longest time streamed text is held before it is published.
+        coalesce_deltas: text deltas that trigger a publish before the delay ends.
+    """
+
+    include_continuation_trace: bool = False
+    include_step_continuation: bool = True
+    include_stream_chunks: bool = True
+    redact_tool_args: bool = False
+    summary_length: int = 100
+    arg_value_length: int = 30
+    max_summary_args: int = 3
+    coalesce_seconds: float = 0.05
+    coalesce_deltas: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("summary_length", "arg_value_length", "coalesce_deltas"):
+            if getattr(self, name) < 4:
+                raise ValueError(f"{name} must be at least 4, got {getattr(self, name)!r}")
+        if self.coalesce_seconds < 0 or self.max_summary_args < 0:
+            raise ValueError("coalesce_seconds and max_summary_args cannot be negative")
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def summarize_args(
+    args: Mapping[str, Any], *, max_args: int = 3, value_length: int = 30, redact: bool = False
+) -> str:
+    """``key: 'text', n: 3`` for the first ``max_args`` arguments (seed 004)."""
+    parts = []
+    for key, value in list(args.items())[:max_args]:
+        if redact:
+            shown = "[redacted]"
+        elif isinstance(value, str):
+            shown = _clip(f"'{value}'", value_length)
+        else:
+            shown = _clip(orjson.dumps(value, default=str).decode(), value_length)
+        parts.append(f"{key}: {shown}")
+    if len(args) > max_args:
+        parts.append(f"(+{len(args) - max_args} more)")
+    return ", ".join(parts)
+
+
+def summarize_result(result: Any, length: int = 100) -> str | None:
+    """The result as text, cut to ``length`` characters with ``...`` (seed 004)."""
+    if result is None:
+        return None
+    text = result if isinstance(result, str) else orjson.dumps(result, default=str).decode()
+    return _clip(text, length)
+
+
+@dataclass
+class _StepCalls:
+    calls: list[env.ToolCallRef] = field(default_factory=list)
+
+
+class AgentEventAdapter:
+    """Publishes an agent's events as envelopes on ``agent.<session_id>``.
+
+    Args:
+        publisher: where envelopes go.
+        session_id: the session; the channel is ``channel`` or ``agent.<session_id>``.
+        execution_id: the run; events carrying another execution id are still
+            published under the agent's own id when they have one.
+        options: what to publish (see :class:`AdapterOptions`).
+        final_state: stores the final state before the final ``agent.status``.
+        channel: publish here instead of ``agent.<session_id>`` (e.g. a private one).
+    """
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        session_id: str,
+        execution_id: str,
+        *,
+        options: AdapterOptions | None = None,
+        final_state: FinalStateHook | None = None,
+        channel: str | None = None,
+    ) -> None:
+        self.publisher = publisher
+        self.session_id = session_id
+        self.execution_id = execution_id
+        self.options = options or AdapterOptions()
+        self.channel = channel or env.channel_for(session_id)
+        self.failures = 0
+        self._final_state_hook = final_state
+        self._final: AgentState | None = None
+        self._lock = asyncio.Lock()
+        self._chunks: list[str] = []
+        self._chunk_step: int | None = None
+        self._chunk_index = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_tasks: set[asyncio.Task[None]] = set()
+        self._steps: dict[int, _StepCalls] = {}
+
+    # -- wiring ---------------------------------------------------------------------------
+
+    def install(self, builder: AgentBuilder) -> AgentBuilder:
+        """``builder`` with this adapter listening to its events (and capturing the
+        final state for reconcile)."""
+        return builder.with_listener(self.on_event).with_hook(
+            HookPoint.EXECUTION_END, self._capture_final, priority=-(2**31), name="broadcast"
+        )
+
+    def _capture_final(self, state: AgentState) -> AgentState:
+        self._final = state
+        return state
+
+    async def aclose(self) -> None:
+        """Publish held text and wait for timer flushes."""
+        async with self._lock:
+            await self._flush_chunks(complete=False)
+        if self._timer_tasks:
+            await asyncio.gather(*self._timer_tasks, return_exceptions=True)
+
+    # -- events ---------------------------------------------------------------------------
+
+    async def on_event(self, event: ev.AgentEvent) -> None:
+        """The listener: map one agent event to zero or more envelopes."""
+        if isinstance(event, ev.StreamChunk):
+            await self._on_chunk(event)
+            return
+        async with self._lock:
+            await self._flush_chunks(complete=False)
+            await self._dispatch(event)
+
+    async def _dispatch(self, event: ev.AgentEvent) -> None:
+        if isinstance(event, ev.ExecutionStarted):
+            await self._status(event, env.StatusPayload(status="in_progress"))
+        elif isinstance(event, ev.StepStarted):
+            await self._step_started(event)
+        elif isinstance(event, ev.ToolCallStarted):
+            await self._tool_started(event)
+        elif isinstance(event, ev.ToolCallCompleted):
+            await self._tool_completed(event, event.success, event.error, event.result)
+        elif isinstance(event, ev.ToolCallBlocked):
+            await self._tool_blocked(event)
+        elif isinstance(event, ev.ContinuationEvaluated):
+            await self._continuation(event)
+        elif isinstance(event, ev.StepCompleted):
+            await self._step_completed(event)
+        elif isinstance(event, ev.ExecutionCompleted | ev.ExecutionFailed):
+            await self._finished(event)
+
+    async def _step_started(self, event: ev.StepStarted) -> None:
+        self._steps[event.step_number] = _StepCalls()
+        payload = env.StepStartedPayload(
+            step_number=event.step_number,
+            message_count=event.message_count,
+            available_tools=list(event.available_tools),
+        )
+        await self._emit(env.StepStarted, event, payload)
+
+    async def _tool_started(self, event: ev.ToolCallStarted) -> None:
+        calls = self._steps.setdefault(event.step_number, _StepCalls()).calls
+        calls.append(env.ToolCallRef(id=event.tool_call_id, name=event.tool_name))
+        payload = env.ToolStartedPayload(
+            tool_name=event.tool_name,
+            tool_call_id=event.tool_call_id,
+            args_summary=self._args(event.args),
+            step_number=event.step_number or None,
+        )
+        await self._emit(env.ToolStarted, event, payload)
+
+    async def _tool_blocked(self, event: ev.ToolCallBlocked) -> None:
+        """A blocked call is reported as started and then completed unsuccessfully, so
+        a UI shows every call the model asked for."""
+        await self._tool_started(
+            ev.ToolCallStarted(
+                agent_id=event.agent_id,
+                execution_id=event.execution_id,
+                occurred_at=event.occurred_at,
+                step_number=event.step_number,
+                tool_call_id=event.tool_call_id,
+                tool_name=event.tool_name,
+                args=event.args,
+            )
+        )
+        await self._tool_completed(event, False, f"blocked: {event.reason}", None)
+
+    async def _tool_completed(
+        self,
+        event: ev.ToolCallCompleted | ev.ToolCallBlocked,
+        success: bool,
+        error: str | None,
+        result: Any,
+    ) -> None:
+        duration = event.duration_ms if isinstance(event, ev.ToolCallCompleted) else 0.0
+        payload = env.ToolCompletedPayload(
+            tool_name=event.tool_name,
+            tool_call_id=event.tool_call_id,
+            success=success,
+            error=error,
+            duration_ms=max(duration, 0.0),
+            result_summary=summarize_result(result, self.options.summary_length),
+            step_number=event.step_number or None,
+        )
+        await self._emit(env.ToolCompleted, event, payload)
+
+    async def _continuation(self, event: ev.ContinuationEvaluated) -> None:
+        if not self.options.include_continuation_trace:
+            return
+        outcome = event.outcome
+        payload = env.ContinuationPayload(
+            step_number=event.step_number,
+            should_continue=outcome.should_continue,
+            stop_reason=outcome.stop_reason.value,
+            resolved_by=outcome.resolved_by,
+            evaluations=[
+                env.ContinuationEvaluationPayload(
+                    criterion=e.criterion,
+                    decision=e.decision.value,
+                    reason=e.reason,
+                    stop_reason=None if e.stop_reason is None else e.stop_reason.value,
+                )
+                for e in outcome.evaluations
+            ],
+        )
+        await self._emit(env.AgentContinuation, event, payload)
+
+    async def _step_completed(self, event: ev.StepCompleted) -> None:
+        calls = self._steps.pop(event.step_number, _StepCalls()).calls
+        payload = env.StepCompletedPayload(
+            step_number=event.step_number,
+            has_tool_calls=event.has_tool_calls,
+            errors=event.errors,
+            finish_reason=None if event.finish_reason is None else event.finish_reason.value,
+            usage=_usage(event.usage),
+            duration_ms=max(event.duration_ms, 0.0),
+            tool_calls=calls,
+            continuation=self._summary(event.outcome),
+        )
+        await self._emit(env.StepCompleted, event, payload)
+
+    def _summary(self, outcome: ContinuationOutcome) -> env.ContinuationSummary | None:
+        if not self.options.include_step_continuation:
+            return None
+        return env.ContinuationSummary(
+            should_continue=outcome.should_continue,
+            stop_reason=outcome.stop_reason.value,
+            resolved_by=outcome.resolved_by,
+        )
+
+    async def _finished(self, event: ev.ExecutionCompleted | ev.ExecutionFailed) -> None:
+        state_url = await self._store_final()
+        failed = isinstance(event, ev.ExecutionFailed)
+        payload = env.StatusPayload(
+            status="failed" if failed else "completed",
+            step_count=event.step_count,
+            error_message=event.error_message if isinstance(event, ev.ExecutionFailed) else None,
+            last_response=None if failed else _last_response(event),
+            stop_reason=None if event.stop_reason is None else event.stop_reason.value,
+            usage=_usage(event.usage),
+            state_url=state_url,
+        )
+        await self._status(event, payload)
+
+    async def _store_final(self) -> str | None:
+        if self._final_state_hook is None or self._final is None:
+            return None
+        try:
+            return await self._final_state_hook(self._final)
+        except Exception:
+            self.failures += 1
+            logger.exception("could not store the final state of session %s", self.session_id)
+            return None
+
+    async def _status(self, event: ev.AgentEvent, payload: env.StatusPayload) -> None:
+        await self._emit(env.AgentStatus, event, payload)
+
+    # -- streamed text --------------------------------------------------------------------
+
+    async def _on_chunk(self, event: ev.StreamChunk) -> None:
+        if not self.options.include_stream_chunks:
+            return
+        async with self._lock:
+            if self._chunk_step not in (None, event.step_number):
+                await self._flush_chunks(complete=False)
+            self._chunk_step = event.step_number
+            if event.text_delta:
+                self._chunks.append(event.text_delta)
+            if event.is_complete or len(self._chunks) >= self.options.coalesce_deltas:
+                await self._flush_chunks(complete=event.is_complete)
+            elif self._chunks and self._timer is None:
+                loop = asyncio.get_running_loop()
+                self._timer = loop.call_later(self.options.coalesce_seconds, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        task = asyncio.get_running_loop().create_task(self._timer_flush())
+        self._timer_tasks.add(task)
+        task.add_done_callback(self._timer_tasks.discard)
+
+    async def _timer_flush(self) -> None:
+        async with self._lock:
+            await self._flush_chunks(complete=False)
+
+    async def _flush_chunks(self, *, complete: bool) -> None:
+        """Publish held text (caller holds the lock)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._chunks and not complete:
+            return
+        text, deltas = "".join(self._chunks), len(self._chunks)
+        self._chunks = []
+        payload = env.StreamChunkPayload(
+            chunk=text,
+            is_complete=complete,
+            tokens_delta=deltas,
+            chunk_index=self._chunk_index,
+            step_number=self._chunk_step or None,
+        )
+        self._chunk_index += 1
+        if complete:
+            self._chunk_step = None
+        await self._publish(env.StreamChunk(**self._ids(), payload=payload))
+
+    # -- publishing -----------------------------------------------------------------------
+
+    def _args(self, args: Mapping[str, Any]) -> str:
+        o = self.options
+        return summarize_args(
+            args,
+            max_args=o.max_summary_args,
+            value_length=o.arg_value_length,
+            redact=o.redact_tool_args,
+        )
+
+    def _ids(self, event: ev.AgentEvent | None = None) -> dict[str, str]:
+        ids = {"session_id": self.session_id, "execution_id": self.execution_id}
+        if event is not None:
+            ids["timestamp"] = env.utc_timestamp(event.occurred_at)
+        return ids
+
+    async def _emit(self, model: type[Any], event: ev.AgentEvent, payload: Any) -> None:
+        await self._publish(model(**self._ids(event), payload=payload))
+
+    async def _publish(self, envelope: env.Envelope) -> None:
+        try:
+            await self.publisher.broadcast(self.channel, envelope)
+        except Exception:
+            # The run must not die because its audience cannot be reached; the
+            # publisher counts and logs what it could not deliver.
+            self.failures += 1
+            logger.exception("could not publish %s for session %s", envelope.type, self.session_id)
+
+
+def _usage(usage: Any) -> env.UsagePayload:
+    return env.UsagePayload(prompt=usage.prompt, completion=usage.completion, total=usage.total)
+
+
+def _last_response(event: ev.ExecutionCompleted | ev.ExecutionFailed) -> str | None:
+    if isinstance(event, ev.ExecutionCompleted):
+        return _clip(event.final_response, 2000) or None
+    return None

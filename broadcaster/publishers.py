@@ -1,0 +1,427 @@
+"""Publishers: how agent processes put envelopes on channels (seed 004's
+``CanBroadcastAgentEvents``).
+
+One small interface, :class:`Publisher`, with implementations for each path:
+
+- :class:`RecordingPublisher` keeps what it was given (tests, debugging);
+- :class:`PusherHTTPPublisher` signs requests to the Pusher HTTP API of this server
+  or any Pusher-compatible one;
+- :class:`InProcessPublisher` publishes into the embedded server's node (no network);
+- :class:`RedisPublisher` publishes through Redis along the Redis backend's own path
+  (:func:`broadcaster.backends.redis.publish_via_redis`), so a worker process needs no
+  server of its own.
+
+Sessions' final states (for reconcile) are kept by a :class:`StateStore`: one on the
+node's backend, one straight on Redis for workers.
+
+Network publishers never block the agent: :meth:`Publisher.broadcast` enqueues into a
+bounded buffer that one sender task drains in order, retrying failures with capped,
+jittered exponential backoff. What cannot be buffered, or is refused for good by the
+target (bad credentials, oversize), is dropped, counted in :attr:`PublisherStats.dropped`
+and logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+from urllib.parse import urlencode
+
+import httpx
+import orjson
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
+
+from broadcaster.backends.base import Backend, BackendUnavailable
+from broadcaster.envelope import Envelope
+from broadcaster.publication import Publication
+from broadcaster.signing import body_md5, sign_request
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+    from broadcaster.node import Node
+
+__all__ = [
+    "STATE_TTL",
+    "BackendStateStore",
+    "BufferedPublisher",
+    "InProcessPublisher",
+    "Outgoing",
+    "PublishError",
+    "Publisher",
+    "PublisherStats",
+    "PusherHTTPPublisher",
+    "RecordingPublisher",
+    "RedisPublisher",
+    "RedisStateStore",
+    "StateStore",
+    "encode",
+    "state_key",
+]
+
+STATE_TTL = 24 * 3600.0
+"""Seconds a session's final state is kept for reconcile (default)."""
+
+logger = logging.getLogger("broadcaster.publishers")
+
+
+class PublishError(Exception):
+    """The target could not take a publication. ``retryable`` says whether trying again
+    may help (a network error, a 5xx) or not (401, 413, ...)."""
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One publication, encoded once: Pusher event name, channel, data text."""
+
+    channel: str
+    event: str
+    data: str
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    return isinstance(exc, PublishError) and exc.retryable
+
+
+def encode(channel: str, envelope: Envelope) -> Outgoing:
+    """The publication for ``envelope``: event name = envelope type, data = its JSON."""
+    return Outgoing(channel=channel, event=envelope.type, data=envelope.to_json().decode())
+
+
+@dataclass
+class PublisherStats:
+    published: int = 0
+    dropped: int = 0
+    retries: int = 0
+    last_error: str | None = None
+
+
+class Publisher(Protocol):
+    """Puts envelopes on channels."""
+
+    stats: PublisherStats
+
+    async def broadcast(self, channel: str, envelope: Envelope) -> None:
+        """Publish ``envelope`` on ``channel`` (buffered publishers return at once)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Deliver what is buffered (within a bounded time) and release resources."""
+        ...
+
+
+@dataclass
+class RecordingPublisher:
+    """Keeps every envelope it is given, in order. For tests and debugging."""
+
+    records: list[tuple[str, Envelope]] = field(default_factory=list)
+    stats: PublisherStats = field(default_factory=PublisherStats)
+
+    async def broadcast(self, channel: str, envelope: Envelope) -> None:
+        self.records.append((channel, envelope))
+        self.stats.published += 1
+
+    async def aclose(self) -> None:
+        return None
+
+    def envelopes(self, channel: str | None = None) -> list[Envelope]:
+        return [env for ch, env in self.records if channel is None or ch == channel]
+
+
+class BufferedPublisher(ABC):
+    """A bounded, ordered buffer drained by one sender task with retries.
+
+    Args:
+        max_buffer: envelopes kept while the target is unreachable; beyond it new
+            envelopes are dropped (counted and logged).
+        max_batch: how many buffered publications one send may carry.
+        close_timeout: how long :meth:`aclose` keeps trying to deliver the buffer.
+    """
+
+    def __init__(
+        self, *, max_buffer: int = 10_000, max_batch: int = 10, close_timeout: float = 5.0
+    ) -> None:
+        self.stats = PublisherStats()
+        self._buffer: deque[Outgoing] = deque()
+        self._max_buffer = max_buffer
+        self._max_batch = max_batch
+        self._close_timeout = close_timeout
+        self._wakeup = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._sender: asyncio.Task[None] | None = None
+        self._closing = False
+
+    @abstractmethod
+    async def _send(self, batch: list[Outgoing]) -> None:
+        """Deliver ``batch`` in order or raise :class:`PublishError`."""
+
+    async def broadcast(self, channel: str, envelope: Envelope) -> None:
+        self.enqueue(encode(channel, envelope))
+
+    def enqueue(self, item: Outgoing) -> None:
+        """Buffer one encoded publication (never blocks)."""
+        if self._closing:
+            raise RuntimeError(f"{type(self).__name__} is closed; create a new publisher")
+        if len(self._buffer) >= self._max_buffer:
+            self._drop(1, f"buffer full ({self._max_buffer} publications)")
+            return
+        self._buffer.append(item)
+        self._idle.clear()
+        self._wakeup.set()
+        if self._sender is None:
+            self._sender = asyncio.get_running_loop().create_task(self._run())
+
+    async def flush(self, within: float | None = None) -> bool:
+        """Wait until the buffer is delivered; False if ``within`` seconds passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), within)
+        except TimeoutError:
+            return False
+        return True
+
+    async def aclose(self) -> None:
+        self._closing = True
+        delivered = await self.flush(self._close_timeout)
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sender
+        if not delivered and self._buffer:
+            self._drop(len(self._buffer), "closed before the target accepted them")
+            self._buffer.clear()
+        await self._release()
+
+    async def _release(self) -> None:
+        """Close network resources (subclasses that own some override this)."""
+        return
+
+    def _drop(self, count: int, why: str) -> None:
+        self.stats.dropped += count
+        logger.warning("%s dropped %d publication(s): %s", type(self).__name__, count, why)
+
+    async def _run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._buffer:
+                batch = [self._buffer[i] for i in range(min(self._max_batch, len(self._buffer)))]
+                await self._deliver(batch)
+                for _ in batch:
+                    self._buffer.popleft()
+            self._idle.set()
+
+    async def _deliver(self, batch: list[Outgoing]) -> None:
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(_is_retryable),
+            wait=wait_exponential_jitter(initial=0.05, max=5.0),
+            before_sleep=self._note_retry,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    await self._send(batch)
+        except PublishError as exc:
+            self.stats.last_error = str(exc)
+            self._drop(len(batch), str(exc))
+            return
+        self.stats.published += len(batch)
+
+    def _note_retry(self, state: RetryCallState) -> None:
+        self.stats.retries += 1
+        exc = state.outcome.exception() if state.outcome is not None else None
+        self.stats.last_error = str(exc)
+        logger.warning("%s cannot publish, will retry: %s", type(self).__name__, exc)
+
+
+class PusherHTTPPublisher(BufferedPublisher):
+    """Publishes through the Pusher HTTP API (``/apps/{id}/events`` and
+    ``batch_events``), signed with the app secret; works against this server and any
+    Pusher-compatible one.
+
+    Args:
+        base_url: e.g. ``http://127.0.0.1:8080``.
+        app_id, key, secret: the app's credentials.
+        client: an ``httpx.AsyncClient`` to reuse (else one is created and owned).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        app_id: str,
+        key: str,
+        secret: str,
+        *,
+        client: httpx.AsyncClient | None = None,
+        timeout: float = 5.0,
+        max_buffer: int = 10_000,
+        close_timeout: float = 5.0,
+    ) -> None:
+        # The batch_events endpoint takes at most 10 events per request.
+        super().__init__(max_buffer=max_buffer, max_batch=10, close_timeout=close_timeout)
+        self._base = base_url.rstrip("/")
+        self._app_id = app_id
+        self._key = key
+        self._secret = secret
+        self._owns_client = client is None
+        self._client = client or httpx.AsyncClient(timeout=timeout)
+
+    async def _send(self, batch: list[Outgoing]) -> None:
+        if len(batch) == 1:
+            item = batch[0]
+            path = f"/apps/{self._app_id}/events"
+            body = {"name": item.event, "channel": item.channel, "data": item.data}
+            await self._post(path, orjson.dumps(body))
+            return
+        path = f"/apps/{self._app_id}/batch_events"
+        events = [{"name": i.event, "channel": i.channel, "data": i.data} for i in batch]
+        await self._post(path, orjson.dumps({"batch": events}))
+
+    async def _post(self, path: str, body: bytes) -> None:
+        params = {
+            "auth_key": self._key,
+            "auth_timestamp": str(int(time.time())),
+            "auth_version": "1.0",
+            "body_md5": body_md5(body),
+        }
+        params["auth_signature"] = sign_request(self._secret, "POST", path, params)
+        url = f"{self._base}{path}?{urlencode(params)}"
+        headers = {"Content-Type": "application/json"}
+        try:
+            response = await self._client.post(url, content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            raise PublishError(f"cannot reach {self._base}: {exc!r}", retryable=True) from exc
+        if response.status_code >= 300:
+            retryable = response.status_code >= 500 or response.status_code == 429
+            raise PublishError(
+                f"{path} answered {response.status_code}: {response.text[:200]}",
+                retryable=retryable,
+            )
+
+    async def _release(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+
+class InProcessPublisher:
+    """Publishes into the node of the server this process runs (no network).
+
+    Publication is awaited: when :meth:`broadcast` returns the envelope has its
+    position and has been handed to local subscribers (memory backend) or to Redis.
+    A backend that is unavailable raises :class:`PublishError` (retryable).
+    """
+
+    def __init__(self, node: Node, app_id: str) -> None:
+        self._node = node
+        self._app_id = app_id
+        self.stats = PublisherStats()
+
+    async def broadcast(self, channel: str, envelope: Envelope) -> None:
+        item = encode(channel, envelope)
+        try:
+            await self._node.publish(self._app_id, [item.channel], item.event, item.data)
+        except BackendUnavailable as exc:
+            self.stats.last_error = str(exc)
+            self.stats.dropped += 1
+            raise PublishError(str(exc), retryable=True) from exc
+        self.stats.published += 1
+
+    async def aclose(self) -> None:
+        return None
+
+
+class RedisPublisher(BufferedPublisher):
+    """Publishes through Redis exactly as the server's Redis backend does (one Lua
+    script: position, history, PUBLISH), with a bounded retry buffer.
+
+    Args:
+        client: a ``redis.asyncio.Redis`` client of the deployment's Redis.
+        app_id: the app whose channels receive the envelopes.
+        prefix: the deployment's key prefix (the servers' ``--redis-prefix``).
+    """
+
+    def __init__(
+        self,
+        client: Redis,
+        app_id: str,
+        *,
+        prefix: str | None = None,
+        max_buffer: int = 10_000,
+        close_timeout: float = 5.0,
+    ) -> None:
+        from broadcaster.backends.redis import DEFAULT_PREFIX
+
+        super().__init__(max_buffer=max_buffer, max_batch=1, close_timeout=close_timeout)
+        self._client = client
+        self._app_id = app_id
+        self._prefix = prefix or DEFAULT_PREFIX
+
+    async def _send(self, batch: list[Outgoing]) -> None:
+        from redis.exceptions import RedisError
+
+        from broadcaster.backends.redis import publish_via_redis
+
+        for item in batch:
+            publication = Publication(self._app_id, item.channel, item.event, item.data)
+            try:
+                await publish_via_redis(self._client, self._prefix, publication)
+            except (RedisError, OSError) as exc:
+                raise PublishError(f"cannot publish through Redis: {exc}", retryable=True) from exc
+
+
+def state_key(session_id: str) -> str:
+    """The stored-value key of a session's final state."""
+    return f"state:{session_id}"
+
+
+class StateStore(Protocol):
+    """Keeps sessions' final slim snapshots for the reconcile endpoint."""
+
+    async def save(self, session_id: str, snapshot: bytes) -> None:
+        """Store (replace) the session's snapshot (JSON bytes)."""
+        ...
+
+
+class BackendStateStore:
+    """Stores snapshots through the server's backend (memory or Redis)."""
+
+    def __init__(self, backend: Backend, app_id: str, ttl: float = STATE_TTL) -> None:
+        self._backend = backend
+        self._app_id = app_id
+        self._ttl = ttl
+
+    async def save(self, session_id: str, snapshot: bytes) -> None:
+        await self._backend.store_value(self._app_id, state_key(session_id), snapshot, self._ttl)
+
+
+class RedisStateStore:
+    """Stores snapshots in Redis where the servers' Redis backend reads them."""
+
+    def __init__(
+        self, client: Redis, app_id: str, *, prefix: str | None = None, ttl: float = STATE_TTL
+    ) -> None:
+        from broadcaster.backends.redis import DEFAULT_PREFIX
+
+        self._client = client
+        self._app_id = app_id
+        self._prefix = prefix or DEFAULT_PREFIX
+        self._ttl = ttl
+
+    async def save(self, session_id: str, snapshot: bytes) -> None:
+        from broadcaster.backends.redis import store_value_via_redis
+
+        key = state_key(session_id)
+        await store_value_via_redis(
+            self._client, self._prefix, self._app_id, key, snapshot, self._ttl
+        )

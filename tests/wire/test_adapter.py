@@ -1,0 +1,280 @@
+"""The envelope adapter: agent events in, ordered envelopes out (seed 004)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import jsonschema
+import orjson
+import pytest
+
+from agent_core.broadcasting import (
+    AdapterOptions,
+    AgentEventAdapter,
+    summarize_args,
+    summarize_result,
+)
+from agent_core.builder import AgentBuilder
+from agent_core.demo_tools import demo_driver, demo_tools
+from agent_core.drivers.base import ModelDriver
+from agent_core.drivers.scripted import ScriptedDriver, ScriptedResponse, call
+from agent_core.hooks import HookPoint
+from agent_core.runs import PacedDriver
+from agent_core.state import AgentState
+from agent_core.tools import Tool
+from broadcaster.envelope import Envelope, json_schema
+from broadcaster.publishers import PublisherStats, RecordingPublisher
+
+QUESTION = "What is the weather in Oslo?"
+DEMO_TYPES = [
+    "agent.status",
+    "agent.step.started",
+    "agent.stream.chunk",
+    "agent.tool.started",
+    "agent.tool.completed",
+    "agent.step.completed",
+    "agent.step.started",
+    "agent.tool.started",
+    "agent.tool.completed",
+    "agent.step.completed",
+    "agent.step.started",
+    "agent.stream.chunk",
+    "agent.step.completed",
+    "agent.status",
+]
+
+
+async def run(
+    driver: ModelDriver,
+    *,
+    options: AdapterOptions | None = None,
+    builder: AgentBuilder | None = None,
+    final_state: Any = None,
+    publisher: Any = None,
+) -> tuple[list[Envelope], AgentState, AgentEventAdapter]:
+    publisher = publisher or RecordingPublisher()
+    adapter = AgentEventAdapter(publisher, "s-1", "x-1", options=options, final_state=final_state)
+    base = builder or AgentBuilder().with_tools(*demo_tools())
+    agent = adapter.install(base.with_driver(driver)).build()
+    state = await agent.run(QUESTION)
+    await adapter.aclose()
+    records = publisher.envelopes() if isinstance(publisher, RecordingPublisher) else []
+    return records, state, adapter
+
+
+async def test_demo_run_publishes_the_expected_ordered_envelopes() -> None:
+    envelopes, state, _ = await run(demo_driver(QUESTION))
+    assert [e.type for e in envelopes] == DEMO_TYPES
+    assert [e.payload.status for e in envelopes if e.type == "agent.status"] == [  # type: ignore[union-attr]
+        "in_progress",
+        "completed",
+    ]
+    schema = json_schema()
+    for envelope in envelopes:
+        jsonschema.validate(orjson.loads(envelope.to_json()), schema)
+        assert (envelope.session_id, envelope.execution_id) == ("s-1", "x-1")
+    assert state.step_count() == 3
+
+
+async def test_tool_envelopes_carry_real_ids_and_summaries() -> None:
+    envelopes, _, _ = await run(demo_driver(QUESTION))
+    started = [e.payload for e in envelopes if e.type == "agent.tool.started"]
+    completed = [e.payload for e in envelopes if e.type == "agent.tool.completed"]
+    assert [p.tool_call_id for p in started] == ["call_weather_1", "call_calc_1"]  # type: ignore[union-attr]
+    assert started[0].args_summary == "city: 'Oslo'"  # type: ignore[union-attr]
+    assert all(p.success and p.result_summary for p in completed)  # type: ignore[union-attr]
+    steps = [e.payload for e in envelopes if e.type == "agent.step.completed"]
+    assert [c.id for c in steps[0].tool_calls] == ["call_weather_1"]  # type: ignore[union-attr]
+
+
+async def test_final_status_reports_usage_and_the_last_response() -> None:
+    envelopes, state, _ = await run(demo_driver(QUESTION))
+    final = envelopes[-1].payload
+    assert final.status == "completed"  # type: ignore[union-attr]
+    assert final.stop_reason == "completed"  # type: ignore[union-attr]
+    assert final.step_count == 3  # type: ignore[union-attr]
+    assert final.usage.total == state.usage.total  # type: ignore[union-attr]
+    assert final.last_response == state.final_response()  # type: ignore[union-attr]
+
+
+async def test_continuation_trace_is_off_by_default_and_on_when_asked() -> None:
+    quiet, _, _ = await run(demo_driver(QUESTION))
+    assert "agent.continuation" not in [e.type for e in quiet]
+    summary = next(e.payload for e in quiet if e.type == "agent.step.completed")
+    assert summary.continuation.resolved_by == "ToolCallPresenceCheck"  # type: ignore[union-attr]
+
+    traced, _, _ = await run(
+        demo_driver(QUESTION), options=AdapterOptions(include_continuation_trace=True)
+    )
+    trace = [e.payload for e in traced if e.type == "agent.continuation"]
+    assert [t.should_continue for t in trace] == [True, True, False]  # type: ignore[union-attr]
+    criteria = {ev.criterion for ev in trace[-1].evaluations}  # type: ignore[union-attr]
+    assert {"StepsLimit", "ToolCallPresenceCheck"} <= criteria
+    # each trace comes right before its step's completion
+    types = [e.type for e in traced]
+    for index, kind in enumerate(types):
+        if kind == "agent.continuation":
+            assert types[index + 1] == "agent.step.completed"
+
+
+def words(count: int) -> str:
+    return " ".join(f"w{i}" for i in range(count))
+
+
+async def test_fast_streams_are_coalesced_into_few_publishes() -> None:
+    text = words(100)
+    driver = ScriptedDriver([ScriptedResponse(text=text)])
+    envelopes, _, _ = await run(driver, options=AdapterOptions(coalesce_deltas=16))
+    chunks = [e.payload for e in envelopes if e.type == "agent.stream.chunk"]
+    assert len(chunks) == 7  # ceil(100 / 16): the last one completes the stream
+    assert "".join(c.chunk for c in chunks) == text  # type: ignore[union-attr]
+    assert [c.chunk_index for c in chunks] == list(range(7))  # type: ignore[union-attr]
+    assert [c.is_complete for c in chunks][-1] is True  # type: ignore[union-attr]
+
+
+async def test_slow_streams_are_flushed_by_the_delay_in_order() -> None:
+    text = words(12)
+    driver = PacedDriver(ScriptedDriver([ScriptedResponse(text=text)]), 0.02)
+    options = AdapterOptions(coalesce_deltas=1000, coalesce_seconds=0.05)
+    envelopes, _, _ = await run(driver, options=options)
+    types = [e.type for e in envelopes]
+    chunks = [e.payload for e in envelopes if e.type == "agent.stream.chunk"]
+    assert len(chunks) >= 2, "the timer published text before the stream completed"
+    assert "".join(c.chunk for c in chunks) == text  # type: ignore[union-attr]
+    assert types.index("agent.step.completed") > max(
+        i for i, t in enumerate(types) if t == "agent.stream.chunk"
+    )
+
+
+async def test_stream_chunks_can_be_turned_off() -> None:
+    envelopes, _, _ = await run(
+        demo_driver(QUESTION), options=AdapterOptions(include_stream_chunks=False)
+    )
+    assert "agent.stream.chunk" not in [e.type for e in envelopes]
+
+
+@pytest.mark.parametrize(
+    ("args", "options", "expected"),
+    [
+        ({"city": "Oslo"}, {}, "city: 'Oslo'"),
+        ({"n": 3, "flag": True}, {}, "n: 3, flag: true"),
+        ({"q": "x" * 40}, {}, "q: '" + "x" * 26 + "..."),
+        ({"a": 1, "b": 2, "c": 3, "d": 4}, {}, "a: 1, b: 2, c: 3, (+1 more)"),
+        ({"token": "secret"}, {"redact": True}, "token: [redacted]"),
+        ({"nested": {"k": [1, 2]}}, {}, 'nested: {"k":[1,2]}'),
+    ],
+)
+def test_argument_summaries(args: dict[str, Any], options: dict[str, Any], expected: str) -> None:
+    assert summarize_args(args, **options) == expected
+
+
+@pytest.mark.parametrize(
+    ("result", "expected"),
+    [
+        (None, None),
+        ("3", "3"),
+        ({"ok": True}, '{"ok":true}'),
+        ("y" * 150, "y" * 97 + "..."),
+    ],
+)
+def test_result_summaries(result: Any, expected: str | None) -> None:
+    assert summarize_result(result) == expected
+
+
+async def test_redaction_reaches_the_tool_envelopes() -> None:
+    envelopes, _, _ = await run(
+        demo_driver(QUESTION), options=AdapterOptions(redact_tool_args=True)
+    )
+    started = [e.payload for e in envelopes if e.type == "agent.tool.started"]
+    assert all("[redacted]" in p.args_summary for p in started)  # type: ignore[union-attr]
+    assert not any("Oslo" in p.args_summary for p in started)  # type: ignore[union-attr]
+
+
+def explode(reason: str) -> str:
+    """Always fails."""
+    raise RuntimeError(f"tool broke: {reason}")
+
+
+async def test_a_failing_tool_ends_in_a_failed_status_with_the_error() -> None:
+    driver = ScriptedDriver([ScriptedResponse(tool_calls=(call("explode", "call_x", reason="r"),))])
+    builder = AgentBuilder().with_tools(Tool.from_function(explode))
+    envelopes, state, _ = await run(driver, builder=builder)
+    done = next(e.payload for e in envelopes if e.type == "agent.tool.completed")
+    assert done.success is False  # type: ignore[union-attr]
+    assert "tool broke: r" in (done.error or "")  # type: ignore[union-attr]
+    final = envelopes[-1].payload
+    assert final.status == "failed"  # type: ignore[union-attr]
+    assert final.stop_reason == "error"  # type: ignore[union-attr]
+    assert final.error_message  # type: ignore[union-attr]
+    assert state.status.value == "failed"
+
+
+async def test_a_blocked_tool_call_is_reported_as_started_and_failed() -> None:
+    def block(state: AgentState) -> AgentState:
+        return state.with_tool_call_blocked("not on weekends")
+
+    builder = AgentBuilder().with_tools(*demo_tools()).with_hook(HookPoint.BEFORE_TOOL_USE, block)
+    envelopes, _, _ = await run(demo_driver(QUESTION), builder=builder)
+    started = next(e.payload for e in envelopes if e.type == "agent.tool.started")
+    done = next(e.payload for e in envelopes if e.type == "agent.tool.completed")
+    assert started.tool_call_id == done.tool_call_id == "call_weather_1"  # type: ignore[union-attr]
+    assert done.success is False  # type: ignore[union-attr]
+    assert done.error == "blocked: not on weekends"  # type: ignore[union-attr]
+
+
+async def test_the_final_state_is_stored_before_the_final_status() -> None:
+    order: list[str] = []
+    publisher = RecordingPublisher()
+
+    async def store(state: AgentState) -> str:
+        order.append(f"stored {state.status.value} after {len(publisher.records)} envelopes")
+        return "/api/sessions/s-1/state"
+
+    envelopes, _, _ = await run(demo_driver(QUESTION), final_state=store, publisher=publisher)
+    assert order == [f"stored completed after {len(DEMO_TYPES) - 1} envelopes"]
+    assert envelopes[-1].payload.state_url == "/api/sessions/s-1/state"  # type: ignore[union-attr]
+
+
+async def test_a_failing_state_store_still_ends_the_stream() -> None:
+    async def broken(state: AgentState) -> str:
+        raise OSError("disk full")
+
+    envelopes, _, adapter = await run(demo_driver(QUESTION), final_state=broken)
+    assert envelopes[-1].payload.status == "completed"  # type: ignore[union-attr]
+    assert envelopes[-1].payload.state_url is None  # type: ignore[union-attr]
+    assert adapter.failures == 1
+
+
+class FlakyPublisher:
+    """Refuses every other publication."""
+
+    def __init__(self) -> None:
+        self.stats = PublisherStats()
+        self.calls = 0
+
+    async def broadcast(self, channel: str, envelope: Envelope) -> None:
+        self.calls += 1
+        if self.calls % 2:
+            raise ConnectionError("audience unreachable")
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_an_unreachable_audience_never_breaks_the_run() -> None:
+    publisher = FlakyPublisher()
+    _, state, adapter = await run(demo_driver(QUESTION), publisher=publisher)
+    assert state.status.value == "completed"
+    assert adapter.failures == (publisher.calls + 1) // 2
+
+
+def test_options_are_validated() -> None:
+    with pytest.raises(ValueError, match="summary_length"):
+        AdapterOptions(summary_length=2)
+
+
+async def test_timer_tasks_do_not_leak() -> None:
+    await run(PacedDriver(demo_driver(QUESTION), 0.001))
+    leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert leftover == []
