@@ -23,6 +23,7 @@ from websockets.asyncio.client import ClientConnection
 
 from broadcaster._uvicorn import protocol_class
 from broadcaster.app import create_app
+from broadcaster.backends.base import Backend
 from broadcaster.node import Node
 from broadcaster.settings import load_settings
 
@@ -77,12 +78,16 @@ async def start_server() -> AsyncIterator[StartServer]:
     """Start in-process servers with settings overrides; all are stopped afterwards."""
     started: list[LiveServer] = []
 
-    async def start(**overrides: Any) -> LiveServer:
+    async def start(
+        ws: str | None = None, backend_object: Backend | None = None, **overrides: Any
+    ) -> LiveServer:
+        """``ws`` names another uvicorn WebSocket implementation (no fast path);
+        ``backend_object`` replaces the backend the settings name."""
         settings = load_settings(port=0, log_level="warning", **overrides)
-        node = Node(settings)
+        node = Node(settings, backend=backend_object)
         config = uvicorn.Config(
             create_app(settings, node),
-            ws=protocol_class(shutdown_abort_after=1.0),
+            ws=ws or protocol_class(shutdown_abort_after=1.0),
             ws_per_message_deflate=False,
             lifespan="on",
             log_level="warning",
@@ -95,6 +100,7 @@ async def start_server() -> AsyncIterator[StartServer]:
         task = asyncio.create_task(server.serve(sockets=[sock]))
         await _wait_for(lambda: server.started or task.done(), "the server to start")
         if task.done():
+            sock.close()
             task.result()
         live = LiveServer(f"http://127.0.0.1:{port}", node, server, task)
         started.append(live)
