@@ -25,6 +25,7 @@ from typing import Any
 
 from bench import report
 from bench._proc import REPO, ChildFailed, raise_fd_limit
+from bench.profile import summary
 from bench.scenarios import FULL, QUICK, SCENARIOS, Sizes, run_scenario
 from bench.servers import SERVERS
 
@@ -57,6 +58,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--window", type=int, help="messages in flight at maximum rate [20000]")
     parser.add_argument("--idle", type=int, help="connections in 'idle' [10000]")
     parser.add_argument("--out", type=Path, help="results file [bench/results/<time>.json]")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="sample the Python servers with py-spy (bench/results/profile-*.txt); "
+        "profiled figures are not comparable",
+    )
     parser.add_argument("--no-save", action="store_true", help="do not write a results file")
     args = parser.parse_args(argv)
     for name, known in (("scenarios", SCENARIOS), ("servers", SERVERS)):
@@ -133,7 +140,8 @@ async def _run(args: argparse.Namespace, sizes: Sizes) -> list[dict[str, Any]]:
         for name in args.servers:
             started = time.monotonic()
             try:
-                result = await run_scenario(SERVERS[name], scenario, sizes)
+                profile_dir = RESULTS if args.profile else None
+                result = await run_scenario(SERVERS[name], scenario, sizes, profile_dir)
             except ChildFailed as exc:
                 result = {"server": name, "scenario": scenario, "error": str(exc)}
             if result is None:
@@ -161,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     print(report.table(results))
     for target in checked:
         print(target.line())
+    for result in results:
+        if "profile" in result:
+            print()
+            print(summary(REPO / result["profile"]))
     print(f"\n{len(results)} runs in {time.monotonic() - started:.0f} s")
     if not args.no_save:
         out = args.out or RESULTS / time.strftime("bench-%Y%m%d-%H%M%S.json")

@@ -210,13 +210,13 @@ class Child:
         except TimeoutError:
             raise self.failure(f"not ready within {within}s") from None
 
-    async def stop(self, grace: float = 10) -> None:
-        """SIGTERM, then SIGKILL after ``grace`` seconds; idempotent."""
+    async def stop(self, grace: float = 10, sig: int = signal.SIGTERM) -> None:
+        """``sig``, then SIGKILL after ``grace`` seconds; idempotent."""
         if self.proc is None:
             return
         if self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
+                self.proc.send_signal(sig)
             try:
                 await asyncio.wait_for(self.proc.wait(), grace)
             except TimeoutError:

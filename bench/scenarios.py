@@ -24,10 +24,12 @@ import os
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bench._proc import REPO, Child, ChildFailed, cpu_seconds, machine_busy_seconds, rss_bytes
 from bench._redis import PrivateRedis
+from bench.profile import PYTHON_SERVERS, start_profiler, stop_profiler
 from bench.servers import APP, RunningServer, ServerSpec, start_server
 
 __all__ = ["FULL", "QUICK", "SCENARIOS", "Sizes", "run_scenario"]
@@ -65,6 +67,7 @@ class Ctx:
     server: RunningServer
     redis: PrivateRedis
     sizes: Sizes
+    profile: Path | None = None  # write py-spy samples of the measured window here
 
 
 class Meter:
@@ -91,15 +94,26 @@ class Meter:
         return wall, {name: after[name] - self.before[name] for name in after}
 
 
-async def run_scenario(spec: ServerSpec, scenario: str, sizes: Sizes) -> Result | None:
-    """Run ``scenario`` on ``spec`` with a fresh Redis and server; None if not applicable."""
+async def run_scenario(
+    spec: ServerSpec, scenario: str, sizes: Sizes, profile_dir: Path | None = None
+) -> Result | None:
+    """Run ``scenario`` on ``spec`` with a fresh Redis and server; None if not applicable.
+
+    With ``profile_dir``, Python servers are sampled by py-spy during the measured window
+    (which costs them some CPU: figures of a profiled run are not comparable)."""
     if scenario == "http" and not spec.http_api:
         return None
     redis = await PrivateRedis().start()
     try:
         server = await start_server(spec, redis.url)
         try:
-            result = await SCENARIOS[scenario](Ctx(spec, server, redis, sizes))
+            profile = None
+            if profile_dir is not None and spec.name in PYTHON_SERVERS:
+                profile = profile_dir / f"profile-{spec.name}-{scenario}.txt"
+            ctx = Ctx(spec, server, redis, sizes, profile)
+            result = await SCENARIOS[scenario](ctx)
+            if profile is not None and profile.exists():
+                result["profile"] = str(profile.relative_to(REPO))
             result["server_rss_kb_end"] = rss_bytes(server.pid) // 1024
             return result
         finally:
@@ -266,7 +280,10 @@ async def _stream(
             "redis": [ctx.redis.pid],
         }
     )
+    spy = None
     try:
+        if ctx.profile is not None:
+            spy = await start_profiler(ctx.server.pid, ctx.profile)
         meter.start()
         if paced:
             pub.send({"cmd": "start"})
@@ -279,9 +296,11 @@ async def _stream(
         expected = sum(n * subscribers[ch] for ch, n in published.items())
         await _drain(gens, expected)
         wall, cpu = meter.stop()
+        if spy is not None:
+            await stop_profiler(spy)
         stats = await _stats(gens, published)
     finally:
-        await _close([*gens, pub])
+        await _close([*gens, pub] + ([spy] if spy is not None else []))
     delivered = stats["received"]
     result: Result = {
         "server": ctx.spec.name,
