@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench._proc import REPO, ChildFailed, raise_fd_limit
+from bench._proc import REPO, ChildFailed, machine_busy_seconds, raise_fd_limit
 from bench.profile import summary
 from bench.scenarios import FULL, QUICK, SCENARIOS, Sizes, run_scenario
 from bench.servers import SERVERS
@@ -86,6 +86,15 @@ def _sizes(args: argparse.Namespace) -> Sizes:
         "window": args.window,
     }
     return dataclasses.replace(sizes, **{k: v for k, v in changes.items() if v is not None})
+
+
+def _busy_now(seconds: float = 1) -> float:
+    """Percent of all CPUs busy over the next ``seconds``."""
+    import os
+
+    before = machine_busy_seconds()
+    time.sleep(seconds)
+    return 100 * (machine_busy_seconds() - before) / seconds / (os.cpu_count() or 1)
 
 
 def _version(argv: list[str]) -> str:
@@ -162,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("scripts/bench: bench/node/node_modules is missing: run scripts/install --test")
     sizes = _sizes(args)
     raise_fd_limit(2 * sizes.idle + 1024)
+    busy = _busy_now()
+    if busy > 20:
+        print(f"warning: the machine is {busy:.0f}% busy before the bench starts", file=sys.stderr)
     started = time.monotonic()
     results = asyncio.run(_run(args, sizes))
     checked = report.targets(results)
@@ -169,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     print(report.table(results))
     for target in checked:
         print(target.line())
+    for warning in report.noise(results):
+        print(warning)
     for result in results:
         if "profile" in result:
             print()

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Target", "ratio", "table", "targets"]
+__all__ = ["Target", "noise", "ratio", "table", "targets"]
 
 Result = dict[str, Any]
 REFS = ("websockets", "socketio")
@@ -211,3 +211,13 @@ def targets(results: Sequence[Result]) -> list[Target]:
         )
     )
     return found
+
+
+def noise(results: Sequence[Result], limit: float = 15) -> list[str]:
+    """Warnings for runs during which other processes used more than ``limit`` % CPU."""
+    return [
+        f"warning: {r['server']}/{r['scenario']}: other processes used {r['other_cpu_pct']}% "
+        "CPU meanwhile; its figures are skewed (rerun on a quiet machine)"
+        for r in results
+        if (r.get("other_cpu_pct") or 0) > limit
+    ]
