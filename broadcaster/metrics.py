@@ -43,7 +43,7 @@ class Metrics:
             "broadcaster_messages_in", "Messages received from clients.", registry=r
         )
         self.messages_out = Counter(
-            "broadcaster_messages_out", "Messages queued to clients.", registry=r
+            "broadcaster_messages_out", "Channel events queued to clients (fan-out).", registry=r
         )
         self.publications = Counter(
             "broadcaster_publications", "Publications delivered to this node.", registry=r
