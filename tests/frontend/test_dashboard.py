@@ -1,0 +1,257 @@
+"""The live agent dashboard in a real browser (Debian's chromium via playwright).
+
+The server runs the demo (``--demo``): the page at ``/`` starts a run of the scripted
+agent through ``POST /run`` and follows ``agent.<session>`` with pusher-js. Assertions
+read the visible page; ``window.dashboard`` is only used for failure diagnostics and to
+read the position the page will resume from.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, Route, expect
+from websockets.sync.client import connect
+
+from tests.conftest import ServerFactory
+from tests.frontend.proxy import CuttableProxy
+from tests.support import ServerProcess
+
+pytestmark = pytest.mark.browser
+
+# The scripted demo agent (agent_core.demo_tools.demo_script): three steps.
+STEPS = 3
+TOOL_CALLS = {1: ["call_weather_1"], 2: ["call_calc_1"], 3: []}
+WAIT_MS = 20_000
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    yield page
+    context.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+def screenshot(page: Page, folder: Path, name: str) -> None:
+    """Save the page at 1280x800 and at 390 px wide (full page) as artifacts."""
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.screenshot(path=folder / f"{name}-1280x800.png")
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.screenshot(path=folder / f"{name}-390.png", full_page=True)
+    page.set_viewport_size({"width": 1280, "height": 800})
+
+
+def start_run(page: Page, url: str, question: str, pace: str = "40") -> str:
+    """Open the dashboard, start a run from the input box; returns the session id."""
+    page.goto(url + "/")
+    expect(page.locator("body")).to_have_attribute("data-ready", "true", timeout=WAIT_MS)
+    page.get_by_label("Ask the agent").fill(question)
+    page.get_by_label("Pace").select_option(pace)
+    page.get_by_role("button", name="Start run").click()
+    session = page.locator("#session-id")
+    expect(session).not_to_have_text("—", timeout=WAIT_MS)
+    return session.inner_text().strip()
+
+
+def expect_complete_run(page: Page, city: str) -> None:
+    """Everything the scripted run shows: steps, tools, text, continuation, totals."""
+    expect(page.get_by_label("Run status")).to_have_text("completed", timeout=WAIT_MS)
+    steps = page.locator("#timeline > li.step")
+    expect(steps).to_have_count(STEPS)
+    for number, ids in TOOL_CALLS.items():
+        step = page.locator(f"#step-{number}")
+        expect(step).to_have_attribute("data-state", "done")
+        expect(step.locator(".step-meta")).to_contain_text(re.compile(r"\d+ tokens"))
+        expect(step.locator(".step-meta")).to_contain_text(re.compile(r"\d+(\.\d+)? m?s"))
+        tools = step.locator("li.tool")
+        expect(tools).to_have_count(len(ids))
+        for call_id in ids:
+            tool = step.locator(f'li.tool[data-tool-call-id="{call_id}"]')
+            expect(tool).to_have_attribute("data-state", "ok")
+            expect(tool.locator(".tool-outcome")).to_have_text("ok")
+            expect(tool.locator(".tool-duration")).to_have_text(re.compile(r"\d"))
+        continuation = step.locator("details.continuation")
+        expect(continuation).to_be_visible()
+        expect(continuation.locator(".cont-resolved")).not_to_be_empty()
+        expect(continuation.locator("tbody tr").first).to_be_visible()
+    weather = page.locator('#step-1 li.tool[data-tool-call-id="call_weather_1"]')
+    expect(weather.locator(".tool-name")).to_have_text("get_weather")
+    expect(weather.locator(".tool-args")).to_contain_text(city)
+    expect(page.locator("#step-1 .finish")).to_have_text("tool_calls")
+    expect(page.locator("#step-3 .finish")).to_have_text("stop")
+    expect(page.locator("#step-1 .continuation .should-continue")).to_have_text("true")
+    expect(page.locator("#step-3 .continuation .should-continue")).to_have_text("false")
+    expect(page.locator("#step-3 .continuation .decision")).to_contain_text("stop")
+    answer = page.locator("#answer")
+    expect(answer).to_contain_text(f"In {city} it is")
+    expect(answer).to_contain_text("°F")
+    expect(page.locator("#total-steps")).to_have_text(str(STEPS))
+    expect(page.locator("#total-tools")).to_have_text("2")
+    expect(page.locator("#total-tokens")).not_to_have_text("0")
+    expect(page.locator("#total-time")).to_have_text(re.compile(r"\d"))
+    reconcile = page.get_by_role("status").filter(has_text="In sync")
+    expect(reconcile).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("#reconcile")).to_have_attribute("data-state", "in_sync")
+
+
+def diagnostics(page: Page) -> str:
+    return str(
+        page.evaluate(
+            "JSON.stringify({positions: window.dashboard.positions,"
+            " resumes: window.dashboard.resumes,"
+            " reconcile: window.dashboard.reconcile})"
+        )
+    )
+
+
+def test_a_run_started_from_the_page_shows_steps_tools_text_continuation_and_is_in_sync(
+    page: Page, demo_server: ServerProcess, artifacts: Path
+) -> None:
+    start_run(page, demo_server.url, "What is the weather in Lisbon?")
+    expect(page.get_by_role("status", name="Connection")).to_contain_text("Live")
+    # The text streams in: the first step's sentence appears before the run ends.
+    expect(page.locator("#step-1 .step-text")).to_contain_text(
+        "Let me check the weather in Lisbon", timeout=WAIT_MS
+    )
+    try:
+        expect_complete_run(page, "Lisbon")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{diagnostics(page)}") from None
+    positions = page.evaluate("window.dashboard.positions")
+    offsets = [int(p.rsplit(":", 1)[1]) for p in positions]
+    assert offsets == list(range(offsets[0], offsets[0] + len(offsets))), offsets
+    screenshot(page, artifacts, "run-completed")
+
+
+def _wait_for_step_completed(ws_url: str, channel: str, position: str, step: int) -> None:
+    """Subscribe directly to the server from ``position`` and return once the channel
+    has published ``agent.step.completed`` for ``step`` (replayed or live): the
+    events after ``position`` up to there are what the disconnected page missed."""
+    with connect(f"{ws_url}/app/agent-key?protocol=7&client=py&version=1", open_timeout=10) as ws:
+        established = json.loads(ws.recv(timeout=10))
+        assert established["event"] == "pusher:connection_established", established
+        subscribe = {"channel": channel, "position": position}
+        ws.send(json.dumps({"event": "pusher:subscribe", "data": subscribe}))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            message = json.loads(ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+            if message.get("event") == "agent.step.completed":
+                envelope = json.loads(message["data"])
+                if envelope["payload"]["step_number"] >= step:
+                    return
+        raise TimeoutError(f"no agent.step.completed for step {step} on {channel}")
+
+
+def test_the_page_resumes_after_the_websocket_drops_mid_run_with_no_missing_step(
+    page: Page, demo_server: ServerProcess, artifacts: Path
+) -> None:
+    proxy = CuttableProxy(int(demo_server.url.rsplit(":", 1)[1]))
+    try:
+        session = start_run(page, proxy.url, "What is the weather in Oslo?", pace="150")
+        # Cut while the first step is still streaming its text.
+        expect(page.locator("#step-1 .step-text")).to_contain_text("Let me", timeout=WAIT_MS)
+        proxy.block()
+        assert proxy.cut() > 0
+        connection = page.get_by_role("status", name="Connection")
+        expect(connection).to_contain_text(re.compile("Reconnecting|Offline"), timeout=WAIT_MS)
+        position = page.evaluate("window.dashboard.position")
+        assert position, diagnostics(page)
+        # While the page is cut off, the run publishes the rest of step 1 and all of step 2.
+        _wait_for_step_completed(demo_server.ws_url, f"agent.{session}", position, 2)
+        expect(page.locator('.step[data-state="done"]')).to_have_count(0)
+        screenshot(page, artifacts, "reconnecting")
+        proxy.unblock()
+
+        expect(connection).to_contain_text("Live", timeout=WAIT_MS)
+        expect(connection).to_contain_text(re.compile(r"history recovered \(\d+ events? missed\)"))
+        try:
+            expect_complete_run(page, "Oslo")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{diagnostics(page)}") from None
+        positions = page.evaluate("window.dashboard.positions")
+        offsets = [int(p.rsplit(":", 1)[1]) for p in positions]
+        assert offsets == list(range(offsets[0], offsets[0] + len(offsets))), offsets
+        resumes = page.evaluate("window.dashboard.resumes")
+        assert any(r["recovered"] and r["missed"] > 0 and not r["initial"] for r in resumes)
+        screenshot(page, artifacts, "resumed")
+    finally:
+        proxy.close()
+
+
+def test_attaching_to_a_finished_session_replays_its_history_and_is_in_sync(
+    browser: Browser, page: Page, demo_server: ServerProcess, artifacts: Path
+) -> None:
+    session = start_run(page, demo_server.url, "What is the weather in Rome?")
+    expect(page.locator("#reconcile")).to_have_attribute("data-state", "in_sync", timeout=WAIT_MS)
+
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    try:
+        late = context.new_page()
+        late.goto(demo_server.url + "/")
+        expect(late.locator("body")).to_have_attribute("data-ready", "true", timeout=WAIT_MS)
+        late.get_by_label("attach to a session id").fill(session)
+        late.get_by_role("button", name="Attach").press("Enter")
+        expect(late.get_by_role("status", name="Connection")).to_contain_text(
+            re.compile(r"history replayed \(\d+ events?\)"), timeout=WAIT_MS
+        )
+        try:
+            expect_complete_run(late, "Rome")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{diagnostics(late)}") from None
+        screenshot(late, artifacts, "attached")
+    finally:
+        context.close()
+
+
+def test_a_private_session_is_authorised_with_the_run_token_and_followed(
+    browser: Browser, server_factory: ServerFactory
+) -> None:
+    server = server_factory("--demo", env={"AGENT_DEMO_PRIVATE_SESSIONS": "true"})
+    context = browser.new_context(viewport={"width": 390, "height": 844})
+    try:
+        page = context.new_page()
+        start_run(page, server.url, "What is the weather in Nairobi?")
+        expect_complete_run(page, "Nairobi")
+        session = page.locator("#session-id").inner_text()
+        expect(page.locator("#channel-name")).to_have_text(f"private-agent.{session}")
+    finally:
+        context.close()
+
+
+def test_a_snapshot_that_differs_from_the_events_is_marked_difference_by_difference(
+    page: Page, demo_server: ServerProcess, artifacts: Path
+) -> None:
+    """The real snapshot is altered in flight (as a server that lost or double-counted
+    something would answer): the page lists each difference and marks the step."""
+
+    def altered(route: Route) -> None:
+        response = route.fetch()
+        snapshot = response.json()
+        snapshot["usage"]["total"] += 5
+        step_two = next(step for step in snapshot["steps"] if step["step_number"] == 2)
+        step_two["tool_calls"] = [{"id": "call_other", "name": "calculator"}]
+        route.fulfill(response=response, json=snapshot)
+
+    page.route(re.compile(r"/api/sessions/[^/]+/state$"), altered)
+    start_run(page, demo_server.url, "What is the weather in Lima?")
+    reconcile = page.locator("#reconcile")
+    expect(reconcile).to_have_attribute("data-state", "differs", timeout=WAIT_MS)
+    expect(reconcile).to_contain_text("2 differences from the snapshot")
+    differences = reconcile.locator("ul.differences > li")
+    expect(differences).to_have_count(2)
+    expect(differences.filter(has_text="total tokens")).to_have_count(1)
+    tool_ids = differences.filter(has_text="step 2: tool call ids")
+    expect(tool_ids).to_contain_text("call_calc_1")
+    expect(tool_ids).to_contain_text("call_other")
+    expect(page.locator("#step-2 .chip.diff")).to_be_visible()
+    expect(page.locator("#step-1 .chip.diff")).to_be_hidden()
+    screenshot(page, artifacts, "reconcile-differs")
