@@ -17,10 +17,50 @@ Module map::
     serialization  full round trip; slim: the compact snapshot (seed 004)
     drivers        the driver protocol, the scripted driver, the OpenAI-compatible one
     demo_tools     deterministic demo tools and the demo script
+
+    process        ProcessState, StepRecord: the state of the other orchestrators
+    stepbystep     StepByStep (the generic base), state processors, StepContext
+    tooluse        ToolUse;  chat: Chat;  collaboration: Collaboration
+    turns          actors and selectors shared by Chat and Collaboration
+    orchestration_events   their events
+    process_serialization  full and slim serializers of process states
+    capabilities, classifier, decider, session, routing   capability routing (seed 002)
+    orchestration_broadcasting   orchestrator events -> envelopes
 """
 
 from agent_core.agent import Agent
 from agent_core.builder import AgentBuilder
+from agent_core.capabilities import (
+    Capability,
+    CapabilityRegistry,
+    CapabilityResult,
+    FunctionCapability,
+)
+from agent_core.chat import (
+    CallableParticipant,
+    Chat,
+    ChatState,
+    ChatStep,
+    ModelParticipant,
+    Participant,
+    ScriptedParticipant,
+)
+from agent_core.classifier import (
+    Intent,
+    IntentClassifier,
+    ModelIntentClassifier,
+    Rule,
+    RuleBasedClassifier,
+)
+from agent_core.collaboration import (
+    CallableCollaborator,
+    Collaboration,
+    CollaborationState,
+    CollaborationStep,
+    Collaborator,
+    ModelCollaborator,
+    ScriptedCollaborator,
+)
 from agent_core.continuation import (
     CallableCriterion,
     ContinuationCriteria,
@@ -40,6 +80,13 @@ from agent_core.criteria import (
     StepsLimit,
     TokenUsageLimit,
     ToolCallPresenceCheck,
+)
+from agent_core.decider import (
+    ContinuationDecider,
+    ContinuationResult,
+    DeciderCriterion,
+    ModelContinuationDecider,
+    NoOpContinuationDecider,
 )
 from agent_core.drivers.base import ModelDriver, ModelRequest, ModelResponse
 from agent_core.drivers.scripted import ScriptedDriver, ScriptedFailure, ScriptedResponse
@@ -79,10 +126,41 @@ from agent_core.lifecycle import (
 )
 from agent_core.loop import AgentLoop
 from agent_core.messages import FinishReason, Message, Role, ToolCall, Usage
+from agent_core.orchestration_events import (
+    ActorSelected,
+    CapabilitySelected,
+    CollaboratorSelected,
+    IntentClassified,
+    ParticipantSelected,
+    ProcessCompleted,
+    ProcessContinuationEvaluated,
+    ProcessEvent,
+    ProcessStarted,
+    ProcessStateUpdated,
+    ProcessStepCompleted,
+    ProcessStepFailed,
+    ProcessStepStarted,
+    ReferencesResolved,
+    SessionMemoryAppended,
+)
+from agent_core.process import CurrentStep, ProcessState, ProcessStep, StepRecord
+from agent_core.process_serialization import (
+    FullProcessStateSerializer,
+    SlimProcessStateSerializer,
+)
+from agent_core.routing import CapabilityRouter, RoutingState, RoutingStep
 from agent_core.serialization import (
     AgentStateSerializer,
     FullAgentStateSerializer,
     SerializationError,
+)
+from agent_core.session import (
+    InMemorySessionMemory,
+    ModelReferenceResolver,
+    ReferenceResolver,
+    SessionContext,
+    SessionMemory,
+    SessionTurn,
 )
 from agent_core.slim import SlimAgentStateSerializer, SlimSerializationConfig
 from agent_core.state import (
@@ -91,6 +169,13 @@ from agent_core.state import (
     CurrentExecution,
     ExecutionDecision,
     ExecutionState,
+)
+from agent_core.stepbystep import (
+    AccumulateUsage,
+    AppendStepMessages,
+    StateProcessor,
+    StepByStep,
+    StepContext,
 )
 from agent_core.steps import (
     AgentStep,
@@ -101,8 +186,21 @@ from agent_core.steps import (
     ToolExecution,
 )
 from agent_core.tools import Tool, ToolRegistry, tool
+from agent_core.tooluse import ToolUse, ToolUseState
+from agent_core.turns import (
+    ActorReply,
+    ActorSelector,
+    ModelSelector,
+    RoundRobinSelector,
+    Selection,
+    Turn,
+)
 
 __all__ = [
+    "AccumulateUsage",
+    "ActorReply",
+    "ActorSelected",
+    "ActorSelector",
     "Agent",
     "AgentBuilder",
     "AgentError",
@@ -113,17 +211,37 @@ __all__ = [
     "AgentStateSerializer",
     "AgentStatus",
     "AgentStep",
+    "AppendStepMessages",
+    "CallableCollaborator",
     "CallableCriterion",
+    "CallableParticipant",
+    "Capability",
+    "CapabilityRegistry",
+    "CapabilityResult",
+    "CapabilityRouter",
+    "CapabilitySelected",
+    "Chat",
+    "ChatState",
+    "ChatStep",
+    "Collaboration",
+    "CollaborationState",
+    "CollaborationStep",
+    "Collaborator",
+    "CollaboratorSelected",
     "CompositeObserver",
     "ContinuationCriteria",
     "ContinuationCriterion",
+    "ContinuationDecider",
     "ContinuationDecision",
     "ContinuationEvaluated",
     "ContinuationEvaluation",
     "ContinuationOutcome",
+    "ContinuationResult",
     "CoreLifecycleObserver",
     "CumulativeExecutionTimeLimit",
     "CurrentExecution",
+    "CurrentStep",
+    "DeciderCriterion",
     "ErrorAction",
     "ErrorHandler",
     "ErrorPolicy",
@@ -140,31 +258,75 @@ __all__ = [
     "FinishReason",
     "FinishReasonCheck",
     "FullAgentStateSerializer",
+    "FullProcessStateSerializer",
+    "FunctionCapability",
     "HookExecuted",
     "HookPoint",
     "HookStack",
     "HookStackObserver",
+    "InMemorySessionMemory",
+    "Intent",
+    "IntentClassified",
+    "IntentClassifier",
     "Message",
+    "ModelCollaborator",
+    "ModelContinuationDecider",
     "ModelDriver",
     "ModelError",
+    "ModelIntentClassifier",
+    "ModelParticipant",
+    "ModelReferenceResolver",
     "ModelRequest",
     "ModelResponse",
+    "ModelSelector",
     "ModelTimeoutError",
+    "NoOpContinuationDecider",
+    "Participant",
+    "ParticipantSelected",
     "PassThroughObserver",
+    "ProcessCompleted",
+    "ProcessContinuationEvaluated",
+    "ProcessEvent",
+    "ProcessStarted",
+    "ProcessState",
+    "ProcessStateUpdated",
+    "ProcessStep",
+    "ProcessStepCompleted",
+    "ProcessStepFailed",
+    "ProcessStepStarted",
     "RateLimitError",
+    "ReferenceResolver",
+    "ReferencesResolved",
     "ResponseContentCheck",
     "RetryLimit",
     "Role",
+    "RoundRobinSelector",
+    "RoutingState",
+    "RoutingStep",
+    "Rule",
+    "RuleBasedClassifier",
+    "ScriptedCollaborator",
     "ScriptedDriver",
     "ScriptedFailure",
+    "ScriptedParticipant",
     "ScriptedResponse",
+    "Selection",
     "SerializationError",
+    "SessionContext",
+    "SessionMemory",
+    "SessionMemoryAppended",
+    "SessionTurn",
     "SlimAgentStateSerializer",
+    "SlimProcessStateSerializer",
     "SlimSerializationConfig",
+    "StateProcessor",
     "StateUpdated",
+    "StepByStep",
     "StepCompleted",
+    "StepContext",
     "StepError",
     "StepExecution",
+    "StepRecord",
     "StepResult",
     "StepStarted",
     "StepType",
@@ -182,6 +344,9 @@ __all__ = [
     "ToolError",
     "ToolExecution",
     "ToolRegistry",
+    "ToolUse",
+    "ToolUseState",
+    "Turn",
     "Usage",
     "ValidationError",
     "__version__",

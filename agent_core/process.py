@@ -1,0 +1,397 @@
+"""The immutable state of a step-by-step process (tool use, chat, collaboration,
+capability routing).
+
+:class:`ProcessState` is generic over the step type. It holds the conversation,
+usage, status, execution timing (an :class:`~agent_core.state.ExecutionState`, so
+cumulative time survives pause and resume), the recorded :class:`StepRecord`\\ s (a
+:class:`~agent_core.steps.StepResult` with number, timing and execution id) and the
+transient :class:`CurrentStep`. It offers what the built-in criteria read
+(:mod:`agent_core.criteria`), counted over the *current execution* like the agent's.
+
+Each orchestrator subclasses it once, naming its step class (:meth:`decode_step`) and
+its ``kind`` (checked when loading, so a chat cannot be loaded as a collaboration).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from types import MappingProxyType
+from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
+
+from agent_core._ids import new_id
+from agent_core._time import elapsed_ms, from_iso, to_iso
+from agent_core.continuation import ContinuationOutcome, StopReason
+from agent_core.messages import FinishReason, Message, Role, Usage
+from agent_core.state import AgentStatus, ExecutionState
+from agent_core.steps import StepError, StepResult
+
+__all__ = [
+    "CurrentStep",
+    "ProcessState",
+    "ProcessStep",
+    "StepRecord",
+]
+
+
+class ProcessStep(Protocol):
+    """What the step-by-step base and the built-in criteria need of a step."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def content(self) -> str: ...
+
+    @property
+    def finish_reason(self) -> FinishReason | None: ...
+
+    @property
+    def errors(self) -> Sequence[StepError]: ...
+
+    @property
+    def usage(self) -> Usage: ...
+
+    @property
+    def messages(self) -> tuple[Message, ...]: ...
+
+    def has_tool_calls(self) -> bool: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+StepT = TypeVar("StepT", bound=ProcessStep)
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord(StepResult[StepT]):
+    """A recorded step result: the step, its outcome, its number and timing, and the
+    execution (run) it belongs to."""
+
+    step_number: int
+    started_at: datetime
+    completed_at: datetime
+    execution_id: str | None = None
+    actor: str | None = None
+
+    @property
+    def duration_ms(self) -> float:
+        return elapsed_ms(self.started_at, self.completed_at)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step_number": self.step_number,
+            "execution_id": self.execution_id,
+            "actor": self.actor,
+            "started_at": to_iso(self.started_at),
+            "completed_at": to_iso(self.completed_at),
+            "step": self.step.to_dict(),
+            "outcome": self.outcome.to_dict(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CurrentStep(Generic[StepT]):
+    """Transient data of the step in progress.
+
+    Attributes:
+        step_number: the step's number within the execution.
+        started_at: when it began.
+        id: the step's id.
+        actor: who acts (participant, collaborator, capability), once selected.
+        selection: how the actor was chosen (plain JSON data: reason, fallback, ...).
+        pending_step: the finished step while it is being judged.
+    """
+
+    step_number: int
+    started_at: datetime
+    id: str
+    actor: str | None = None
+    selection: Mapping[str, Any] = field(default_factory=dict)
+    pending_step: StepT | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        step = self.pending_step
+        return {
+            "step_number": self.step_number,
+            "started_at": to_iso(self.started_at),
+            "id": self.id,
+            "actor": self.actor,
+            "selection": dict(self.selection),
+            "pending_step": None if step is None else step.to_dict(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessState(Generic[StepT]):
+    """Everything a step-by-step process knows; immutable.
+
+    Attributes:
+        id: the process's id.
+        messages: the conversation.
+        metadata: application data (read-only mapping).
+        usage: tokens used over the process's whole life.
+        status: pending, in progress, completed or failed.
+        execution: timing across runs.
+        results: recorded step results, oldest first.
+        current: transient data of the step in progress.
+        stopped_by: why the last execution stopped (set when it ends).
+    """
+
+    kind: ClassVar[str] = "process"
+
+    id: str = field(default_factory=new_id)
+    messages: tuple[Message, ...] = ()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    usage: Usage = field(default_factory=Usage)
+    status: AgentStatus = AgentStatus.PENDING
+    execution: ExecutionState = field(default_factory=ExecutionState)
+    results: tuple[StepRecord[StepT], ...] = ()
+    current: CurrentStep[StepT] | None = None
+    stopped_by: StopReason | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.metadata, MappingProxyType):
+            object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
+        if not isinstance(self.messages, tuple):
+            object.__setattr__(self, "messages", tuple(self.messages))
+
+    @classmethod
+    def decode_step(cls, data: Mapping[str, Any]) -> StepT:
+        """Rebuild one step from its ``to_dict`` output (each subclass names its step)."""
+        raise NotImplementedError(f"{cls.__name__} must say how to load its steps")
+
+    # conversation and metadata ------------------------------------------------------
+
+    def with_message(self, message: Message) -> Self:
+        return replace(self, messages=(*self.messages, message))
+
+    def with_user_message(self, content: str) -> Self:
+        return self.with_message(Message.user(content))
+
+    def with_messages(self, messages: Sequence[Message]) -> Self:
+        return replace(self, messages=tuple(messages))
+
+    def with_metadata(self, key: str, value: Any) -> Self:
+        return replace(self, metadata={**self.metadata, key: value})
+
+    def with_status(self, status: AgentStatus) -> Self:
+        return replace(self, status=status)
+
+    def with_usage(self, usage: Usage) -> Self:
+        return replace(self, usage=usage)
+
+    def final_response(self) -> str:
+        """The text of the last assistant message ("" if there is none)."""
+        for message in reversed(self.messages):
+            if message.role is Role.ASSISTANT:
+                return message.content
+        return ""
+
+    # execution -------------------------------------------------------------------------
+
+    def start_execution(self, now: datetime, execution_id: str | None = None) -> Self:
+        """A run begins: in progress, timing started, transient data reset."""
+        return replace(
+            self,
+            status=AgentStatus.IN_PROGRESS,
+            execution=self.execution.start(now, execution_id or new_id()),
+            current=None,
+            stopped_by=None,
+        )
+
+    def end_execution(self, now: datetime, status: AgentStatus, stop_reason: StopReason) -> Self:
+        """The run ends with ``status`` because of ``stop_reason``."""
+        return replace(
+            self,
+            status=status,
+            execution=self.execution.end(now),
+            current=None,
+            stopped_by=stop_reason,
+        )
+
+    def execution_id(self) -> str | None:
+        return self.execution.execution_id
+
+    def cumulative_execution_seconds(self, now: datetime) -> float:
+        return self.execution.cumulative_seconds_at(now)
+
+    def begin_step(self, now: datetime, step_id: str | None = None) -> Self:
+        """Fresh transient data for the next step of this execution."""
+        number = len(self.execution_results()) + 1
+        return replace(self, current=CurrentStep(number, now, step_id or new_id()))
+
+    def _current(self) -> CurrentStep[StepT]:
+        if self.current is None:
+            raise RuntimeError("no step in progress: call begin_step() first")
+        return self.current
+
+    def with_actor(self, actor: str, selection: Mapping[str, Any] | None = None) -> Self:
+        """Name who acts in the current step (and how they were chosen).
+
+        Raises:
+            RuntimeError: no step is in progress.
+        """
+        current = replace(self._current(), actor=actor, selection=dict(selection or {}))
+        return replace(self, current=current)
+
+    def current_actor(self) -> str | None:
+        return None if self.current is None else self.current.actor
+
+    def with_pending_step(self, step: StepT) -> Self:
+        """The transition state: ``step`` pending (counted and judged by criteria)."""
+        return replace(self, current=replace(self._current(), pending_step=step))
+
+    def pending_step(self) -> StepT | None:
+        return None if self.current is None else self.current.pending_step
+
+    def record_result(self, result: StepRecord[StepT]) -> Self:
+        """Store a step result (and clear the pending step)."""
+        current = self.current
+        return replace(
+            self,
+            results=(*self.results, result),
+            execution=self.execution.touch(result.completed_at),
+            current=None if current is None else replace(current, pending_step=None),
+        )
+
+    # reading results -----------------------------------------------------------------
+
+    def step_results(self) -> tuple[StepRecord[StepT], ...]:
+        return self.results
+
+    def last_step_result(self) -> StepRecord[StepT] | None:
+        return self.results[-1] if self.results else None
+
+    def steps(self) -> tuple[StepT, ...]:
+        return tuple(result.step for result in self.results)
+
+    def step_count(self) -> int:
+        """Recorded steps over all runs."""
+        return len(self.results)
+
+    def continuation_outcome(self) -> ContinuationOutcome | None:
+        """The outcome judged after the last recorded step."""
+        last = self.last_step_result()
+        return None if last is None else last.outcome
+
+    def stop_reason(self) -> StopReason | None:
+        """Why the last execution stopped; while running, the last step result's
+        reason (``None`` while it says continue)."""
+        if self.stopped_by is not None:
+            return self.stopped_by
+        last = self.last_step_result()
+        return None if last is None else last.stop_reason()
+
+    # what criteria read (see agent_core.criteria) ---------------------------------
+
+    def execution_results(self) -> tuple[StepRecord[StepT], ...]:
+        """Step results of the current (or last) execution."""
+        run = self.execution.execution_id
+        return tuple(r for r in self.results if r.execution_id == run)
+
+    def _execution_steps(self) -> list[StepT]:
+        steps = [r.step for r in self.execution_results()]
+        pending = self.pending_step()
+        return [*steps, pending] if pending is not None else steps
+
+    def current_step(self) -> StepT | None:
+        """The step being judged: the pending one, else this run's last recorded one."""
+        steps = self._execution_steps()
+        return steps[-1] if steps else None
+
+    def execution_step_count(self) -> int:
+        return len(self._execution_steps())
+
+    def execution_usage(self) -> Usage:
+        total = Usage()
+        for step in self._execution_steps():
+            total = total + step.usage
+        return total
+
+    def trailing_failed_steps(self) -> int:
+        count = 0
+        for step in reversed(self._execution_steps()):
+            if not step.errors:
+                break
+            count += 1
+        return count
+
+    # serialization -------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The full state as plain JSON data (see :meth:`from_dict`)."""
+        current = self.current
+        return {
+            "kind": self.kind,
+            "id": self.id,
+            "status": self.status.value,
+            "messages": [m.model_dump(mode="json") for m in self.messages],
+            "metadata": dict(self.metadata),
+            "usage": self.usage.model_dump(mode="json"),
+            "execution": self.execution.to_dict(),
+            "results": [r.to_dict() for r in self.results],
+            "current": None if current is None else current.to_dict(),
+            "stopped_by": None if self.stopped_by is None else self.stopped_by.value,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """Rebuild a state from :meth:`to_dict` output.
+
+        Raises:
+            KeyError: a required field is missing.
+            ValueError: a field has a bad value, or ``data`` is another kind of state.
+        """
+        kind = data.get("kind", cls.kind)
+        if kind != cls.kind:
+            raise ValueError(f"this is a serialized {kind} state, not a {cls.kind} state")
+        return cls(**cls.fields_from_dict(data))
+
+    @classmethod
+    def fields_from_dict(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        """The constructor arguments stored in ``data``. Subclasses with extra fields
+        extend this (calling :meth:`base_fields_from_dict`, as slotted dataclasses
+        cannot use ``super()``) and :meth:`to_dict`."""
+        return cls.base_fields_from_dict(data)
+
+    @classmethod
+    def base_fields_from_dict(cls, data: Mapping[str, Any]) -> dict[str, Any]:
+        """The constructor arguments of the fields every process state has."""
+        current, stopped = data.get("current"), data.get("stopped_by")
+        return {
+            "id": str(data["id"]),
+            "status": AgentStatus(data.get("status", AgentStatus.PENDING)),
+            "messages": tuple(Message.model_validate(m) for m in data.get("messages", ())),
+            "metadata": dict(data.get("metadata") or {}),
+            "usage": Usage.model_validate(data.get("usage") or {}),
+            "execution": ExecutionState.from_dict(data.get("execution") or {}),
+            "results": tuple(cls._decode_result(r) for r in data.get("results", ())),
+            "current": None if current is None else cls._decode_current(current),
+            "stopped_by": None if stopped is None else StopReason(stopped),
+        }
+
+    @classmethod
+    def _decode_result(cls, data: Mapping[str, Any]) -> StepRecord[StepT]:
+        return StepRecord(
+            step=cls.decode_step(data["step"]),
+            outcome=ContinuationOutcome.from_dict(data["outcome"]),
+            step_number=int(data["step_number"]),
+            started_at=from_iso(data["started_at"]),
+            completed_at=from_iso(data["completed_at"]),
+            execution_id=data.get("execution_id"),
+            actor=data.get("actor"),
+        )
+
+    @classmethod
+    def _decode_current(cls, data: Mapping[str, Any]) -> CurrentStep[StepT]:
+        step = data.get("pending_step")
+        return CurrentStep(
+            step_number=int(data["step_number"]),
+            started_at=from_iso(data["started_at"]),
+            id=str(data["id"]),
+            actor=data.get("actor"),
+            selection=dict(data.get("selection") or {}),
+            pending_step=None if step is None else cls.decode_step(step),
+        )
