@@ -25,6 +25,7 @@ __all__ = [
     "cpu_seconds",
     "free_port",
     "machine_busy_seconds",
+    "machine_cpu_seconds",
     "raise_fd_limit",
     "rss_bytes",
 ]
@@ -46,9 +47,19 @@ def cpu_seconds(pid: int) -> float:
 
 def machine_busy_seconds() -> float:
     """CPU seconds spent busy (not idle or waiting for I/O) by all CPUs since boot."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + fields[4]
-    return (sum(fields[:8]) - idle) / _TICKS
+    return sum(machine_cpu_seconds().values())
+
+
+def machine_cpu_seconds() -> dict[str, float]:
+    """CPU seconds of all CPUs since boot: ``tasks`` (user and system time of processes),
+    ``irq`` (interrupts and softirqs, e.g. loopback TCP, charged to no process) and
+    ``steal`` (taken by the hypervisor)."""
+    v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return {
+        "tasks": (v[0] + v[1] + v[2]) / _TICKS,
+        "irq": (v[5] + v[6]) / _TICKS,
+        "steal": v[7] / _TICKS,
+    }
 
 
 def rss_bytes(pid: int) -> int:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench._proc import REPO, Child, ChildFailed, cpu_seconds, machine_busy_seconds, rss_bytes
+from bench._proc import REPO, Child, ChildFailed, cpu_seconds, machine_cpu_seconds, rss_bytes
 from bench._redis import PrivateRedis
 from bench.profile import PYTHON_SERVERS, start_profiler, stop_profiler
 from bench.servers import APP, RunningServer, ServerSpec, start_server
@@ -81,7 +81,10 @@ class Meter:
     def _sample(self) -> dict[str, float]:
         sample = {name: sum(cpu_seconds(p) for p in pids) for name, pids in self.pids.items()}
         sample["bench"] = cpu_seconds(os.getpid())
-        sample["machine"] = machine_busy_seconds()
+        machine = machine_cpu_seconds()
+        sample["machine"] = machine["tasks"]
+        sample["irq"] = machine["irq"]
+        sample["steal"] = machine["steal"]
         return sample
 
     def start(self) -> None:
@@ -321,12 +324,15 @@ async def _stream(
         "bench_cpu_pct": round(100 * cpu["bench"] / wall, 1),
         # Everything else busy on the machine meanwhile (other work skews a run: rerun).
         "other_cpu_pct": round(100 * _other(cpu) / wall, 1),
+        "irq_cpu_pct": round(100 * cpu["irq"] / wall, 1),  # loopback TCP in softirqs
+        "steal_cpu_pct": round(100 * cpu["steal"] / wall, 1),
     }
     return result | {k: v for k, v in stats.items() if k != "received"}
 
 
 def _other(cpu: dict[str, float]) -> float:
-    return cpu["machine"] - sum(v for k, v in cpu.items() if k != "machine")
+    machine = ("machine", "irq", "steal")
+    return cpu["machine"] - sum(v for k, v in cpu.items() if k not in machine)
 
 
 def _per(seconds: float, count: int) -> float | None:
