@@ -10,13 +10,14 @@ import orjson
 from agent_core.events import AgentEvent
 from broadcaster.envelope import Envelope, json_schema, parse_envelope
 
-SCHEMA = json_schema()
+# Built once: jsonschema.validate() re-checks the schema itself on every call.
+VALIDATOR = jsonschema.Draft202012Validator(json_schema())
 
 
 def valid(data: dict[str, Any] | Envelope) -> Envelope:
     """``data`` checked against the published JSON Schema and the models."""
     raw = data if isinstance(data, dict) else orjson.loads(data.to_json())
-    jsonschema.validate(raw, SCHEMA)
+    VALIDATOR.validate(raw)
     return parse_envelope(raw)
 
 
