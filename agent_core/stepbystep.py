@@ -294,7 +294,8 @@ class StepByStep(ABC, Generic[StateT, StepT]):
         return state
 
     async def before_finish(self, state: StateT) -> StateT:
-        """Last changes before the execution ends (e.g. session memory)."""
+        """Last changes before the execution ends (e.g. session memory). If it
+        raises, the error is logged and the execution ends all the same."""
         return state
 
     def actors(self) -> tuple[str, ...]:
@@ -475,7 +476,12 @@ class StepByStep(ABC, Generic[StateT, StepT]):
     async def _finish(self, state: StateT) -> StateT:
         stop = self._stop_reason(state)
         failed = state.status is AgentStatus.FAILED or stop in FAILING_STOP_REASONS
-        state = await self.before_finish(state)
+        try:
+            state = await self.before_finish(state)
+        except Exception:
+            # The run's result is already decided; losing a side effect (e.g. session
+            # memory) must not lose the result.
+            logger.exception("%s: before_finish failed; the run ends regardless", self.process)
         status = AgentStatus.FAILED if failed else AgentStatus.COMPLETED
         state = state.end_execution(self.clock(), status, stop)
         self.events.emit(

@@ -301,3 +301,21 @@ async def test_model_decider_rejects_not_done_without_a_next_capability() -> Non
     result = CapabilityResult(capability="c", output="o")
     with pytest.raises(ValidationError, match="done=false without a next_capability"):
         await decider.decide("q", "c", result)
+
+
+class UnavailableMemory(InMemorySessionMemory):
+    """A session store that cannot write (its backend is down)."""
+
+    async def append(self, session_id: str, turn: SessionTurn) -> SessionContext:
+        raise ConnectionError("session store unavailable")
+
+
+async def test_a_session_store_that_cannot_write_does_not_lose_the_answer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    orchestrator, recorder = router(memory=UnavailableMemory())
+    state = await orchestrator.handle("weather in Oslo", "s1")
+    assert state.status is AgentStatus.COMPLETED
+    assert "Oslo" in state.final_response()
+    assert recorder.types()[-1] == "process.completed"
+    assert "before_finish failed" in caplog.text
