@@ -168,7 +168,7 @@ function follow(sessionId, channelName, from = null) {
   app.reconcileResult = null;
   view.reset();
   view.history("none", "");
-  location.hash = `session=${encodeURIComponent(sessionId)}`;
+  history.replaceState(null, "", `#session=${encodeURIComponent(sessionId)}`); // reload re-attaches
   const pusher = connect();
   const run = app.run;
   app.feed = new ChannelFeed(pusher, channelName, {
@@ -224,7 +224,7 @@ async function recoverFromSnapshot(run) {
     scheduleRender();
     if (TERMINAL.has(snapshot.status)) showReconcile(run, snapshot);
   } catch (error) {
-    if (run === app.run) view.history("lost", `history not recovered; ${error.message}`);
+    if (run === app.run) view.history("lost", "history not recovered, no snapshot", error.message);
   }
 }
 

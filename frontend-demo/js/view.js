@@ -264,10 +264,13 @@ export class DashboardView {
     setText($("connection-text"), text);
   }
 
-  history(state, text) {
+  /** The history indicator next to the connection state; `detail` goes in its tooltip. */
+  history(state, text, detail = "") {
     const element = $("history-text");
     element.dataset.state = state;
     setText(element, text);
+    if (detail) element.title = detail;
+    else element.removeAttribute("title");
   }
 
   formError(message) {

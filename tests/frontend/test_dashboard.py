@@ -20,7 +20,7 @@ from websockets.sync.client import connect
 
 from tests.conftest import ServerFactory
 from tests.frontend.proxy import CuttableProxy
-from tests.support import ServerProcess
+from tests.support import ServerProcess, free_port
 
 pytestmark = pytest.mark.browser
 
@@ -255,3 +255,25 @@ def test_a_snapshot_that_differs_from_the_events_is_marked_difference_by_differe
     expect(page.locator("#step-2 .chip.diff")).to_be_visible()
     expect(page.locator("#step-1 .chip.diff")).to_be_hidden()
     screenshot(page, artifacts, "reconcile-differs")
+
+
+def test_after_a_server_restart_the_page_reconnects_and_says_history_was_not_recovered(
+    page: Page, server_factory: ServerFactory
+) -> None:
+    """A restarted in-memory server has lost the channel's history (a new epoch): the
+    page reconnects by itself, shows that the gap could not be filled, and keeps what it
+    had built."""
+    port = str(free_port())
+    first = server_factory("--demo", "--port", port)
+    start_run(page, first.url, "What is the weather in Cairo?")
+    expect(page.locator("#reconcile")).to_have_attribute("data-state", "in_sync", timeout=WAIT_MS)
+    first.stop()
+    connection = page.get_by_role("status", name="Connection")
+    expect(connection).not_to_contain_text("Live", timeout=WAIT_MS)
+    server_factory("--demo", "--port", port)
+    expect(connection).to_contain_text("Live", timeout=WAIT_MS)
+    expect(connection).to_contain_text("history not recovered", timeout=WAIT_MS)
+    # The restarted server has no snapshot of that run either; the page says so.
+    expect(page.locator("#history-text")).to_contain_text("no snapshot", timeout=WAIT_MS)
+    expect(page.locator("#timeline > li.step")).to_have_count(STEPS)
+    expect(page.get_by_label("Run status")).to_have_text("completed")
