@@ -45,8 +45,17 @@ class _Recovery:
 
 
 @dataclass(slots=True)
+class _Seam:
+    """After a resume: the last position already sent from history. With Redis, the
+    history read can include a publication whose pub/sub copy is still on its way; it
+    is dropped here until the first newer one arrives (pub/sub order is offset order)."""
+
+    after: Position
+
+
+@dataclass(slots=True)
 class _Channel:
-    subscribers: dict[Connection, _Recovery | None] = field(default_factory=dict)
+    subscribers: dict[Connection, _Recovery | _Seam | None] = field(default_factory=dict)
     # Set while the backend subscription is being made; waited on by later subscribers.
     ready: asyncio.Event | None = None
 
@@ -128,14 +137,14 @@ class Hub:
         back for it (skipping publications at or before ``after`` of the same epoch)."""
         entry = self._channels.get((conn.app.id, channel))
         recovery = None if entry is None else entry.subscribers.get(conn)
-        if entry is None or recovery is None:
+        if entry is None or not isinstance(recovery, _Recovery):
             return
-        entry.subscribers[conn] = None
         for publication, message in recovery.held:
-            if _is_new(publication.position, after) and (
-                publication.exclude_socket_id != conn.socket_id
-            ):
-                conn.send(message)
+            if _is_new(publication.position, after):
+                after = publication.position
+                if publication.exclude_socket_id != conn.socket_id:
+                    conn.send(message)
+        entry.subscribers[conn] = None if after is None else _Seam(after)
 
     async def unsubscribe(self, conn: Connection, channel: str) -> bool:
         """Remove ``conn`` from ``channel``; True if it was subscribed. The backend is
@@ -174,13 +183,31 @@ class Hub:
         sent = 0
         for conn, recovery in entry.subscribers.items():
             if recovery is not None:
-                recovery.held.append((publication, message))
-            elif conn.socket_id != exclude:
+                if not self._past_seam(entry, conn, recovery, publication, message):
+                    continue
+            if conn.socket_id != exclude:
                 conn.send(message)
                 sent += 1
         self._metrics.publications.inc()
         self._metrics.messages_out.inc(sent)
         self._observe_after_flush(started)
+
+    @staticmethod
+    def _past_seam(
+        entry: _Channel,
+        conn: Connection,
+        state: _Recovery | _Seam,
+        publication: Publication,
+        message: Outgoing,
+    ) -> bool:
+        """Whether a connection that is resuming takes ``publication`` live now."""
+        if isinstance(state, _Recovery):
+            state.held.append((publication, message))
+            return False
+        if not _is_new(publication.position, state.after):
+            return False  # already sent from history
+        entry.subscribers[conn] = None
+        return True
 
     def _observe_after_flush(self, started: float) -> None:
         # Runs after the Delivery flush of this tick (call_soon callbacks run in order).
