@@ -224,7 +224,7 @@ class BufferedPublisher(ABC):
     async def _deliver(self, batch: list[Outgoing]) -> None:
         retrying = AsyncRetrying(
             retry=retry_if_exception(_is_retryable),
-            wait=wait_exponential_jitter(initial=0.05, max=5.0),
+            wait=wait_exponential_jitter(multiplier=0.05, max=5.0, jitter=0.1),
             before_sleep=self._note_retry,
             reraise=True,
         )

@@ -286,8 +286,6 @@ async def test_envelopes_arrive_valid_on_the_channel_of_a_real_server(
     assert received[-1]["payload"]["status"] == "completed"
 
 
-# broadcaster/publishers.py passes tenacity's deprecated ``initial`` (reported).
-@pytest.mark.filterwarnings("ignore:The 'initial' parameter is deprecated:DeprecationWarning")
 async def test_the_http_publisher_delivers_routing_envelopes(
     start_server: StartServer, clients: Callable[..., Awaitable[Client]]
 ) -> None:
