@@ -182,9 +182,10 @@ class Hub:
         exclude = publication.exclude_socket_id
         sent = 0
         for conn, recovery in entry.subscribers.items():
-            if recovery is not None:
-                if not self._past_seam(entry, conn, recovery, publication, message):
-                    continue
+            if recovery is not None and not self._past_seam(
+                entry, conn, recovery, publication, message
+            ):
+                continue
             if conn.socket_id != exclude:
                 conn.send(message)
                 sent += 1
