@@ -35,9 +35,10 @@ Code   Name                       Closes  When
 4306   INVALID_CHANNEL_DATA       no      presence ``channel_data`` is not a JSON object with
                                           a ``user_id``, or is too large
 4307   PRESENCE_MEMBER_LIMIT      no      the presence channel has ``max_presence_members``
-4309   SUBSCRIPTION_UNAUTHORIZED  no      the ``auth`` of a private or presence subscription
-                                          is missing or wrong (sent as
-                                          ``pusher:subscription_error`` on the channel)
+4009   SUBSCRIPTION_UNAUTHORIZED  no      the ``auth`` of a private or presence subscription
+                                          is missing or wrong: 4009 as Reverb answers it, but
+                                          sent as ``pusher:subscription_error`` on the channel
+                                          and the connection stays open
 =====  =========================  ======  ===================================================
 
 The slow-consumer code is ``SLOW_CONSUMER`` = ``OVER_CAPACITY`` (4100): a connection
@@ -74,7 +75,7 @@ class ErrorCode(IntEnum):
     CLIENT_EVENT_REJECTED = 4305
     INVALID_CHANNEL_DATA = 4306
     PRESENCE_MEMBER_LIMIT = 4307
-    SUBSCRIPTION_UNAUTHORIZED = 4309
+    SUBSCRIPTION_UNAUTHORIZED = 4009  # an alias of UNAUTHORIZED; raised with close=False
 
     @property
     def closes_connection(self) -> bool:

@@ -474,6 +474,7 @@ def _authorize_user_channel(conn: Connection, channel: str) -> None:
             f"only a connection signed in (pusher:signin) as user {user_id!r} may "
             f"subscribe to {channel!r}",
             channel=channel,
+            close=False,
         )
 
 

@@ -502,6 +502,7 @@ def authorize_subscription(app: AppConfig, socket_id: str, command: Subscribe) -
             f"subscribing to {command.kind.value} channel {channel!r} needs data.auth "
             "from your channel authorization endpoint",
             channel=channel,
+            close=False,
         )
     if not verify_channel_auth(
         app.key, app.secret, command.auth, socket_id, channel, command.channel_data
@@ -512,6 +513,7 @@ def authorize_subscription(app: AppConfig, socket_id: str, command: Subscribe) -
             f"invalid auth for channel {channel!r}: expected '<app key>:' and the hex "
             f"HMAC-SHA256 of {signed!r} under the app secret",
             channel=channel,
+            close=False,
         )
 
 

@@ -41,7 +41,7 @@ def test_codes_below_4300_close_and_message_errors_do_not() -> None:
     assert ErrorCode.SERVER_CLOSING.closes_connection
     assert not ErrorCode.INVALID_MESSAGE.closes_connection
     assert not ErrorCode.CLIENT_EVENT_RATE_LIMIT.closes_connection
-    assert not ErrorCode.SUBSCRIPTION_UNAUTHORIZED.closes_connection
+    assert ErrorCode.SUBSCRIPTION_UNAUTHORIZED is ErrorCode.UNAUTHORIZED  # sent with close=False
 
 
 def test_reconnect_advice_follows_pusher_ranges() -> None:

@@ -430,7 +430,7 @@ def test_subscription_error_is_channel_scoped() -> None:
         "type": "AuthError",
         "error": "bad auth",
         "status": 401,
-        "code": 4309,
+        "code": 4009,
     }
 
 

@@ -64,7 +64,7 @@ async def test_private_channel_refuses_forged_and_missing_auth(
         answer = await client.subscribe("private-a", **fields)
         assert answer["event"] == "pusher:subscription_error", (auth, answer)
         assert answer["channel"] == "private-a"
-        assert answer["data"]["code"] == 4309
+        assert answer["data"]["code"] == 4009
         assert answer["data"]["status"] == 401
     await live.node.publish(APP_ID, ["private-a"], "secret", "x")
     await sync(client)  # nothing was delivered before the pong
@@ -245,11 +245,11 @@ async def test_server_to_user_channel_is_only_for_that_signed_in_user(
     client = await clients(live.app_url())
     answer = await client.subscribe("#server-to-user-u1")
     assert answer["event"] == "pusher:subscription_error"
-    assert answer["data"]["code"] == 4309
+    assert answer["data"]["code"] == 4009
     user_data = json.dumps({"id": "u1"})
     auth = user_auth(KEY, SECRET, client.socket_id, user_data)
     await client.send("pusher:signin", {"auth": auth, "user_data": user_data})
     await client.expect("pusher:signin_success")
     answer = await client.subscribe("#server-to-user-u1")
     assert answer["event"] == "pusher_internal:subscription_succeeded"
-    assert (await client.subscribe("#server-to-user-u2"))["data"]["code"] == 4309
+    assert (await client.subscribe("#server-to-user-u2"))["data"]["code"] == 4009
