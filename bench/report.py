@@ -213,7 +213,7 @@ def targets(results: Sequence[Result]) -> list[Target]:
     return found
 
 
-def noise(results: Sequence[Result], limit: float = 15) -> list[str]:
+def noise(results: Sequence[Result], limit: float = 25) -> list[str]:
     """Warnings for runs during which other processes used more than ``limit`` % CPU."""
     return [
         f"warning: {r['server']}/{r['scenario']}: other processes used {r['other_cpu_pct']}% "
