@@ -262,9 +262,7 @@ async def test_bad_run_requests_get_clear_errors(
     assert says in response.json()["error"]
 
 
-@pytest.mark.parametrize(
-    ("session", "status"), [("never-ran", 404), ("bad%20id", 400)]
-)
+@pytest.mark.parametrize(("session", "status"), [("never-ran", 404), ("bad%20id", 400)])
 async def test_state_of_an_unknown_session_is_a_json_error(
     live_demo: LiveServer, session: str, status: int
 ) -> None:

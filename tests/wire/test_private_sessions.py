@@ -1,0 +1,97 @@
+"""Private sessions: a run's events go to private-agent.<session>, which only the
+holder of that session's token can be authorised for; other sessions' channels are
+refused with 4009."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server.conftest import Client, LiveServer, StartServer
+from tests.wire.test_runs import read_run, start_run
+
+Connect = Callable[..., Awaitable[Client]]
+
+
+@pytest.fixture
+async def private_demo(start_server: StartServer, monkeypatch: pytest.MonkeyPatch) -> LiveServer:
+    monkeypatch.setenv("AGENT_DEMO_PRIVATE_SESSIONS", "true")
+    return await start_server(demo=True)
+
+
+async def authorise(live: LiveServer, socket_id: str, channel: str, token: str) -> httpx.Response:
+    fields = {"socket_id": socket_id, "channel_name": channel, "session_token": token}
+    async with httpx.AsyncClient() as http:
+        return await http.post(f"{live.url}/broadcasting/auth", data=fields)
+
+
+async def test_config_announces_private_sessions(private_demo: LiveServer) -> None:
+    async with httpx.AsyncClient() as http:
+        config = (await http.get(f"{private_demo.url}/api/demo/config")).json()
+    assert config == {
+        "app_key": "agent-key",
+        "private_sessions": True,
+        "auth_endpoint": "/broadcasting/auth",
+    }
+
+
+async def test_the_token_holder_follows_its_private_session(
+    private_demo: LiveServer, clients: Connect
+) -> None:
+    run = await start_run(private_demo.url)
+    assert run["channel"] == f"private-agent.{run['session_id']}"
+    client = await clients(private_demo.app_url())
+    answer = await authorise(private_demo, client.socket_id, run["channel"], run["auth"]["token"])
+    assert answer.status_code == 200
+    subscribed = await client.subscribe(
+        run["channel"], auth=answer.json()["auth"], position=run["position"]
+    )
+    assert subscribed["event"] == "pusher_internal:subscription_succeeded"
+    events = await read_run(client)
+    assert events[-1][2]["status"] == "completed"
+
+
+async def test_another_sessions_channel_is_refused(
+    private_demo: LiveServer, clients: Connect
+) -> None:
+    mine = await start_run(private_demo.url)
+    theirs = await start_run(private_demo.url)
+    client = await clients(private_demo.app_url())
+
+    refused = await authorise(
+        private_demo, client.socket_id, theirs["channel"], mine["auth"]["token"]
+    )
+    assert refused.status_code == 403
+    assert "does not grant" in refused.json()["error"]
+
+    # Replaying the auth granted for one's own channel does not open another one.
+    own = await authorise(private_demo, client.socket_id, mine["channel"], mine["auth"]["token"])
+    answer: dict[str, Any] = await client.subscribe(theirs["channel"], auth=own.json()["auth"])
+    assert answer["event"] == "pusher:subscription_error"
+    assert answer["data"]["code"] == 4009
+    # ... nor without any auth
+    bare = await client.subscribe(theirs["channel"])
+    assert bare["data"]["code"] == 4009
+    # and the connection is still usable
+    ok = await client.subscribe(mine["channel"], auth=own.json()["auth"])
+    assert ok["event"] == "pusher_internal:subscription_succeeded"
+
+
+@pytest.mark.parametrize(
+    ("fields", "status"),
+    [
+        ({"channel_name": "private-agent.s1", "session_token": "x"}, 400),
+        ({"socket_id": "1.2", "channel_name": "private-other", "session_token": "x"}, 403),
+        ({"socket_id": "1.2", "channel_name": "private-agent.s1"}, 403),
+    ],
+)
+async def test_auth_endpoint_rejects_bad_requests(
+    private_demo: LiveServer, fields: dict[str, str], status: int
+) -> None:
+    async with httpx.AsyncClient() as http:
+        response = await http.post(f"{private_demo.url}/broadcasting/auth", data=fields)
+    assert response.status_code == status
+    assert response.json()["error"]
