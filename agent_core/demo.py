@@ -14,13 +14,15 @@ Routes:
     ``POST /broadcasting/auth``    signs ``private-agent.<session>`` subscriptions for the
                                    holder of that session's token (private sessions only)
 
-Settings come from ``AGENT_DEMO_*`` environment variables (:class:`DemoSettings`).
+Settings come from ``AGENT_DEMO_*`` environment variables (:class:`DemoSettings`). With
+``AGENT_DEMO_RUN_MODE=queue`` runs are queued in Redis for ``agent-worker`` processes
+(:mod:`agent_core.worker`) and this web process only fans out.
 """
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from hashlib import sha256
@@ -31,14 +33,16 @@ from urllib.parse import parse_qsl
 import orjson
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from agent_core.runs import DriverFactory, RunManager, RunRequest, SessionBusy
+from agent_core.runs import DriverFactory, RunManager, RunRequest, RunStarter, SessionBusy
+from agent_core.worker import RunQueue
 from broadcaster.backends import BackendUnavailable
-from broadcaster.extensions import ExtensionContext
+from broadcaster.extensions import ExtensionContext, ExtensionError
 from broadcaster.node import Node
 from broadcaster.publishers import BackendStateStore, InProcessPublisher, state_key
 from broadcaster.settings import AppConfig
@@ -61,6 +65,11 @@ class DemoSettings(BaseSettings):
     )
     driver: Literal["scripted", "openai"] = "scripted"
     state_ttl: float = Field(default=86_400.0, gt=0)
+    run_mode: Literal["local", "queue"] = Field(
+        default="local",
+        description="local: runs execute in this process; queue: they are queued in "
+        "Redis for agent-worker processes (needs the redis:// backend)",
+    )
 
 
 def private_channel(session_id: str) -> str:
@@ -85,28 +94,60 @@ class _Demo:
     node: Node
     app: AppConfig
     settings: DemoSettings
-    runs: RunManager | None = None
+    runs: RunStarter | None = None
 
-    def start(self) -> RunManager:
+    @property
+    def channel_for_session(self) -> Callable[[str], str]:
+        return private_channel if self.settings.private_sessions else _public
+
+    async def _position(self, channel: str) -> str | None:
+        return str(await self.node.backend.position(self.app.id, channel))
+
+    def start(self) -> RunStarter:
+        self.runs = self._queue() if self.settings.run_mode == "queue" else self._local()
+        return self.runs
+
+    def check(self) -> None:
+        """Refuse settings that cannot work together.
+
+        Raises:
+            ExtensionError: queue mode without the Redis backend.
+        """
+        backend = self.node.settings.backend
+        if self.settings.run_mode == "queue" and not backend.startswith(("redis", "rediss")):
+            raise ExtensionError(
+                "AGENT_DEMO_RUN_MODE=queue needs the Redis backend (--backend redis://...): "
+                f"workers reach the web nodes through Redis, not {backend!r}"
+            )
+
+    def _queue(self) -> RunQueue:
+        from redis.asyncio import Redis
+
+        settings = self.node.settings
+        return RunQueue(
+            Redis.from_url(settings.backend, socket_connect_timeout=5, socket_timeout=5),
+            self.app.id,
+            self._position,
+            prefix=settings.redis_prefix,
+            channel_for_session=self.channel_for_session,
+        )
+
+    def _local(self) -> RunManager:
         backend, app_id = self.node.backend, self.app.id
 
         async def load(session_id: str) -> bytes | None:
             return await backend.load_value(app_id, state_key(session_id))
 
-        async def position(channel: str) -> str | None:
-            return str(await backend.position(app_id, channel))
-
         manager = RunManager(
             publisher=InProcessPublisher(self.node, app_id),
             state_store=BackendStateStore(backend, app_id, self.settings.state_ttl),
             load_snapshot=load,
-            position_of=position,
-            channel_for_session=private_channel if self.settings.private_sessions else _public,
+            position_of=self._position,
+            channel_for_session=self.channel_for_session,
         )
         factory = _driver_factory(self.settings)
         if factory is not None:
             manager.driver_factory = factory
-        self.runs = manager
         return manager
 
 
@@ -119,12 +160,14 @@ def install(ctx: ExtensionContext) -> None:
 
     Raises:
         RuntimeError: the dashboard files are missing or there is no node.
+        ExtensionError: the demo settings cannot work with the server's settings.
     """
     if not (FRONTEND_DIR / "index.html").is_file():
         raise RuntimeError(f"demo dashboard not found: {FRONTEND_DIR / 'index.html'} is missing")
     if ctx.node is None:
         raise RuntimeError("the demo extension needs the server's node")
     demo = _Demo(ctx.node, ctx.node.apps[0], DemoSettings())
+    demo.check()
 
     @asynccontextmanager
     async def lifespan() -> AsyncIterator[None]:
@@ -179,8 +222,8 @@ def _run(demo: _Demo) -> Any:
             handle = await demo.runs.start(run_request)
         except SessionBusy as exc:
             return _error(409, str(exc), session_id=exc.session_id)
-        except BackendUnavailable as exc:
-            return _error(503, str(exc))
+        except (BackendUnavailable, RedisError, OSError) as exc:
+            return _error(503, f"cannot start the run now: {exc}")
         answer: dict[str, Any] = {
             "session_id": handle.session_id,
             "execution_id": handle.execution_id,

@@ -16,6 +16,7 @@ import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,7 +37,10 @@ __all__ = [
     "RunHandle",
     "RunManager",
     "RunRequest",
+    "RunStarter",
     "SessionBusy",
+    "new_execution_id",
+    "new_session_id",
     "scripted_demo_driver",
 ]
 
@@ -75,6 +79,16 @@ class RunHandle:
     position: str | None = None
 
 
+class RunStarter(Protocol):
+    """What ``POST /run`` needs: start a run and say where its final state will be."""
+
+    async def start(self, request: RunRequest) -> RunHandle: ...
+
+    def state_url(self, session_id: str) -> str: ...
+
+    async def aclose(self, grace: float = 5.0) -> None: ...
+
+
 class SessionBusy(Exception):
     """A run is already in progress on this session."""
 
@@ -98,6 +112,14 @@ class PacedDriver:
         async for event in self._driver.stream(request):
             await asyncio.sleep(self._pace)
             yield event
+
+
+def new_session_id() -> str:
+    return f"s-{secrets.token_hex(8)}"
+
+
+def new_execution_id() -> str:
+    return f"x-{secrets.token_hex(8)}"
 
 
 def scripted_demo_driver(input_text: str) -> ModelDriver:
@@ -153,7 +175,7 @@ class RunManager:
             SessionBusy: the session already has a run (or too many runs are going).
             broadcaster.backends.BackendUnavailable: the channel's position cannot be read.
         """
-        session_id = request.session_id or f"s-{secrets.token_hex(8)}"
+        session_id = request.session_id or new_session_id()
         if session_id in self._runs or len(self._runs) >= self.max_runs:
             raise SessionBusy(session_id)
         channel = self.channel_for_session(session_id)
@@ -164,8 +186,8 @@ class RunManager:
         except BaseException:
             del self._runs[session_id]
             raise
-        handle = RunHandle(session_id, f"x-{secrets.token_hex(8)}", channel, position)
-        task = asyncio.get_running_loop().create_task(self._run(handle, request))
+        handle = RunHandle(session_id, new_execution_id(), channel, position)
+        task = asyncio.get_running_loop().create_task(self.execute(handle, request))
         self._runs[session_id] = _Run(handle, task)
         task.add_done_callback(lambda _: self._runs.pop(session_id, None))
         return handle
@@ -190,7 +212,10 @@ class RunManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _run(self, handle: RunHandle, request: RunRequest) -> AgentState | None:
+    async def execute(self, handle: RunHandle, request: RunRequest) -> AgentState | None:
+        """Run ``request`` as ``handle`` to its end (what :meth:`start` does in the
+        background; a worker calls it for runs queued by another process). Returns the
+        final state, or None if the run crashed (logged)."""
         options = AdapterOptions(include_continuation_trace=request.trace)
         adapter = AgentEventAdapter(
             self.publisher,

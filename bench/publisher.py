@@ -31,6 +31,7 @@ import orjson
 from redis.asyncio import Redis
 
 from bench.envelope import EVENT, envelope, session_of
+from broadcaster.backends.base import DEFAULT_REDIS_PREFIX
 
 __all__ = ["main"]
 
@@ -77,7 +78,7 @@ def _broadcaster_publisher(cfg: dict[str, Any]) -> Publish:
     from broadcaster.publication import Publication
 
     app_id = cfg.get("app_id", "bench")
-    prefix = cfg.get("prefix", "broadcaster")
+    prefix = cfg.get("prefix", DEFAULT_REDIS_PREFIX)
     size = int(cfg.get("history_size", 100))
     ttl = float(cfg.get("history_ttl", 600))
     loaded: set[int] = set()

@@ -16,6 +16,7 @@ import uvicorn
 
 from broadcaster._uvicorn import protocol_class
 from broadcaster.app import create_app
+from broadcaster.extensions import ExtensionError
 from broadcaster.settings import Settings
 
 __all__ = ["serve"]
@@ -27,7 +28,7 @@ def serve(settings: Settings) -> None:
     port = sock.getsockname()[1]
     try:
         app = create_app(settings)
-    except ValueError as exc:  # e.g. an invalid Redis URL, named by the backend
+    except (ValueError, ExtensionError) as exc:  # e.g. an invalid Redis URL, named
         sys.exit(f"agent-broadcaster: {exc}")
     config = uvicorn.Config(
         app,

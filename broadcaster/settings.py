@@ -15,6 +15,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from broadcaster.backends.base import DEFAULT_REDIS_PREFIX
+
 __all__ = ["AppConfig", "Settings", "SettingsError", "load_settings"]
 
 
@@ -79,7 +81,7 @@ class Settings(BaseSettings):
     history_size: Annotated[int, Field(ge=1, le=100_000)] = 1000
     history_ttl: Annotated[int, Field(ge=1, le=7 * 86400)] = 600
     # Key prefix of everything the Redis backend stores (several deployments per Redis).
-    redis_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_\-.:]{1,64}$")] = "broadcaster"
+    redis_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_\-.:]{1,64}$")] = DEFAULT_REDIS_PREFIX
     # Seconds a graceful shutdown may take before remaining work is cancelled.
     shutdown_timeout: Annotated[float, Field(gt=0, le=300)] = 10.0
     metrics: bool = True

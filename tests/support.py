@@ -138,10 +138,16 @@ class ServerProcess:
         )
         self._drainer = threading.Thread(target=self._drain, daemon=True)
         self._drainer.start()
-        if not self._listening.wait(timeout):
+        exited = self.proc.poll
+        _wait(lambda: self._listening.is_set() or exited() is not None, timeout, "the server")
+        if not self._listening.is_set():
             self.stop()
-            raise TimeoutError(f"server did not start; output:\n{self.log}")
-        _wait(self._up, timeout, f"GET {self.url}/up")
+            raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log}")
+        try:
+            _wait(self._up, timeout, f"GET {self.url}/up")
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def _drain(self) -> None:

@@ -117,11 +117,12 @@ def test_redis_fixture_can_be_killed_and_restarted(
     assert redis.ping()
 
 
-def test_procfile_web_runs_under_honcho(redis_server: RedisServer) -> None:
+def test_procfile_web_and_worker_run_an_agent_under_honcho(redis_server: RedisServer) -> None:
+    """The scaled-out shape: web queues the run, worker executes it through Redis."""
     port = free_port()
     env = {**os.environ, "PORT": str(port), "REDIS_URL": redis_server.url}
     proc = subprocess.Popen(
-        [str(VENV_BIN / "honcho"), "start", "web"],
+        [str(VENV_BIN / "honcho"), "start"],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -137,6 +138,15 @@ def test_procfile_web_runs_under_honcho(redis_server: RedisServer) -> None:
                 return False
 
         _wait(up, 30, "the Procfile's web process")
+        base = f"http://127.0.0.1:{port}"
+        run = httpx.post(f"{base}/run", json={"input": "Weather in Oslo?"}, timeout=5)
+        assert run.status_code == 202, run.text
+
+        def reconciled() -> bool:
+            state = httpx.get(f"{base}{run.json()['state_url']}", timeout=2)
+            return state.status_code == 200 and state.json()["status"] == "completed"
+
+        _wait(reconciled, 30, "the worker to finish the run")
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(20)

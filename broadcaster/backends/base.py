@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from broadcaster.publication import Position, Publication
 
 __all__ = [
+    "DEFAULT_REDIS_PREFIX",
     "Backend",
     "BackendUnavailable",
     "ControlHandler",
@@ -26,6 +27,10 @@ __all__ = [
     "PresenceMember",
     "PublicationHandler",
 ]
+
+DEFAULT_REDIS_PREFIX = "agentbc"
+"""The Redis key prefix of a deployment unless configured: servers, publishers and
+workers must agree on it."""
 
 PublicationHandler = Callable[[Publication], None]
 ControlHandler = Callable[[str, Mapping[str, Any]], None]

@@ -50,6 +50,7 @@ from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 from broadcaster.backends import _lua
 from broadcaster.backends.base import (
+    DEFAULT_REDIS_PREFIX,
     BackendUnavailable,
     ControlHandler,
     HistoryResult,
@@ -76,7 +77,7 @@ __all__ = [
     "value_key",
 ]
 
-DEFAULT_PREFIX = "agentbc"
+DEFAULT_PREFIX = DEFAULT_REDIS_PREFIX
 FORMAT_VERSION = 1
 
 log = logging.getLogger(__name__)
