@@ -10,11 +10,21 @@ Resume: a connection that subscribes with a position is registered in *recoverin
 state first; live publications for it are buffered while the node reads the history,
 then :meth:`Hub.recovered` sends the missed publications, and after them the buffered
 live ones whose offset is newer (no duplicate, no gap at the seam).
+
+Gaps: the hub remembers the last position it delivered on each channel. A publication
+that skips offsets (the node's pub/sub subscription was down while another node
+published, e.g. during a Redis outage) makes the hub hold the channel's live
+publications, read the skipped ones from the history and deliver them first, in order;
+a copy of a publication already delivered is dropped. :meth:`Hub.check_gaps` does the
+same for every channel after the backend reconnected, for gaps at the end of a stream.
+When the history no longer holds the skipped publications, they are lost for the live
+subscribers (logged); a client resuming from its position is told ``recovered: false``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -26,6 +36,8 @@ from broadcaster.metrics import Metrics
 from broadcaster.publication import Position, Publication
 
 __all__ = ["Hub", "encode"]
+
+log = logging.getLogger("broadcaster.hub")
 
 _Key = tuple[str, str]
 
@@ -58,6 +70,9 @@ class _Channel:
     subscribers: dict[Connection, _Recovery | _Seam | None] = field(default_factory=dict)
     # Set while the backend subscription is being made; waited on by later subscribers.
     ready: asyncio.Event | None = None
+    # The last position delivered here, and the publications held while a gap is filled.
+    last: Position | None = None
+    filling: list[Publication] | None = None
 
 
 class Hub:
@@ -69,6 +84,7 @@ class Hub:
         self._channels: dict[_Key, _Channel] = {}
         self._leaving: dict[_Key, asyncio.Task[None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._fills: set[asyncio.Task[None]] = set()
 
     def subscriber_count(self, app_id: str, channel: str) -> int:
         """Local connections subscribed to ``channel``."""
@@ -177,6 +193,23 @@ class Hub:
         entry = self._channels.get((publication.app_id, publication.channel))
         if entry is None:
             return
+        position = publication.position
+        if position is not None:
+            if entry.filling is not None:
+                entry.filling.append(publication)
+                return
+            last = entry.last
+            if last is not None and last.epoch == position.epoch:
+                if position.offset <= last.offset:
+                    return  # a copy of what was delivered (from the history) already
+                if position.offset > last.offset + 1:
+                    self._fill((publication.app_id, publication.channel), entry, last, publication)
+                    return
+            elif last is not None and position.offset > 1:  # a new epoch, its start missed
+                since = Position(0, position.epoch)
+                self._fill((publication.app_id, publication.channel), entry, since, publication)
+                return
+            entry.last = position
         started = time.perf_counter()
         message = encode(publication)
         exclude = publication.exclude_socket_id
@@ -209,6 +242,44 @@ class Hub:
             return False  # already sent from history
         entry.subscribers[conn] = None
         return True
+
+    def check_gaps(self) -> None:
+        """Fill what every channel missed after its last delivered position (call it
+        when the backend reconnected: the gap may be at the end of a stream)."""
+        for key, entry in self._channels.items():
+            if entry.last is not None and entry.filling is None:
+                self._fill(key, entry, entry.last, None)
+
+    async def drain_fills(self) -> None:
+        """Wait for the gap fills under way (tests, shutdown)."""
+        while self._fills:
+            await asyncio.gather(*self._fills, return_exceptions=True)
+
+    def _fill(self, key: _Key, entry: _Channel, since: Position, first: Publication | None) -> None:
+        entry.filling = [] if first is None else [first]
+        task = asyncio.get_running_loop().create_task(self._fill_from_history(key, entry, since))
+        self._fills.add(task)
+        task.add_done_callback(self._fills.discard)
+
+    async def _fill_from_history(self, key: _Key, entry: _Channel, since: Position) -> None:
+        missed: tuple[Publication, ...] = ()
+        recovered = False
+        try:
+            result = await self._backend.history(*key, since)
+            if not result.recovered and result.position.epoch != since.epoch:
+                since = Position(0, result.position.epoch)  # the epoch changed: its start
+                result = await self._backend.history(*key, since)
+            recovered, missed = result.recovered, result.publications
+            if not recovered:
+                log.warning("channel %s missed publications the history no longer has", key[1])
+        except BackendUnavailable as exc:
+            log.warning("channel %s: missed publications not read (%s)", key[1], exc)
+        held, entry.filling = entry.filling or [], None
+        if self._channels.get(key) is not entry:
+            return  # everyone left meanwhile
+        entry.last = since if recovered else None  # None: accept the gap, do not refill
+        for publication in (*missed, *held):
+            self.deliver(publication)
 
     def _observe_after_flush(self, started: float) -> None:
         # Runs after the Delivery flush of this tick (call_soon callbacks run in order).

@@ -46,6 +46,7 @@ _MEMBER_ADDED = "pusher_internal:member_added"
 _MEMBER_REMOVED = "pusher_internal:member_removed"
 _NOT_RECOVERED = "the channel's history no longer reaches back to that position"
 _PING = Outgoing(protocol.ping())
+_WATCH_INTERVAL = 0.25  # seconds between checks for a backend reconnection
 
 
 class Node:
@@ -69,6 +70,8 @@ class Node:
         self._per_app: dict[str, int] = {app.id: 0 for app in self.apps}
         self._users: dict[tuple[str, str], set[Connection]] = {}
         self._sweeper: asyncio.TimerHandle | None = None
+        self._watcher: asyncio.TimerHandle | None = None
+        self._reconnects = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- life -------------------------------------------------------------------------
@@ -88,12 +91,15 @@ class Node:
         self._loop = asyncio.get_running_loop()
         await self.backend.start(self.hub.deliver, self._on_control)
         self._schedule_sweep()
+        self._reconnects = self._backend_reconnects()
+        self._watch_backend()
 
     async def stop(self) -> None:
         """Close every connection (4200) and stop the backend; idempotent."""
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = None
+        for timer in (self._sweeper, self._watcher):
+            if timer is not None:
+                timer.cancel()
+        self._sweeper = self._watcher = None
         for conn in list(self.connections.values()):
             conn.close(ErrorCode.SERVER_CLOSING, "server shutting down")
         await self.backend.stop()
@@ -396,6 +402,15 @@ class Node:
                 conn.pinged = True
                 conn.send(_PING)
         self._schedule_sweep()
+
+    def _watch_backend(self) -> None:
+        """After the backend reconnected, fill what channels missed while it was away."""
+        reconnects = self._backend_reconnects()
+        if reconnects != self._reconnects:
+            self._reconnects = reconnects
+            self.hub.check_gaps()
+        assert self._loop is not None
+        self._watcher = self._loop.call_later(_WATCH_INTERVAL, self._watch_backend)
 
     # -- helpers ------------------------------------------------------------------------
 

@@ -1,0 +1,233 @@
+"""Redis fault: SIGKILL redis-server mid-stream and restart it (empty, as a crash
+without persistence would leave it) under two server processes.
+
+Every node stays up, ``/ready`` goes false then true, the nodes restore their
+subscriptions without any client action, and every publication a publisher was told
+was accepted (HTTP 200) reaches every client that stayed connected, exactly once and in
+order. Publications refused during the outage (503 or no answer) are retried by the
+publisher and counted. A client that disconnects and resumes from its position gets
+every publication it missed when the history still holds it (``recovered: true``); one
+whose position is from before the restart is told ``recovered: false`` (the restarted
+Redis lost that history: a new epoch), never handed a silent gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import ServerFactory
+from tests.reliability.helpers import WS_PATH, eventually, publish, report, status
+from tests.server.conftest import Client
+from tests.support import RedisServer, ServerProcess
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+CHANNEL = "agent.redis-fault"
+TOTAL = 300  # accepted publications in the run
+
+
+@dataclass
+class Reader:
+    """A client reading the channel in the background: the seq numbers and positions of
+    the channel events it got, and the resume answers."""
+
+    client: Client
+    seqs: list[int] = field(default_factory=list)
+    positions: list[str] = field(default_factory=list)
+    resumes: list[dict[str, Any]] = field(default_factory=list)
+    task: asyncio.Task[None] | None = None
+
+    def start(self) -> Reader:
+        self.task = asyncio.create_task(self._read())
+        return self
+
+    async def _read(self) -> None:
+        with contextlib.suppress(Exception):
+            while True:
+                message = await self.client.recv(within=60)
+                if message["event"] == "broadcaster:resume":
+                    self.resumes.append(message["data"])
+                elif message["event"] == "seq":
+                    self.seqs.append(int(message["data"]))
+                    self.positions.append(message["position"])
+
+    async def stop(self) -> None:
+        await self.client.close()
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+
+@dataclass
+class Publisher:
+    """Publishes seq 0, 1, 2, ... alternating between nodes; a refused attempt (any
+    answer but 200, or none) is retried with the same seq on the other node."""
+
+    urls: list[str]
+    accepted: list[int] = field(default_factory=list)
+    refused: int = 0
+    retried: set[int] = field(default_factory=set)
+
+    async def run(self, until: Callable[[], bool]) -> None:
+        attempt = 0
+        async with httpx.AsyncClient(timeout=5) as http:
+            while not until():
+                seq = len(self.accepted)
+                url = self.urls[attempt % len(self.urls)]
+                attempt += 1
+                try:
+                    response = await publish(http, url, CHANNEL, "seq", str(seq))
+                    ok = response.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if ok:
+                    self.accepted.append(seq)
+                    await asyncio.sleep(0.004)
+                else:
+                    self.refused += 1
+                    self.retried.add(seq)
+                    await asyncio.sleep(0.02)
+
+
+def deduplicated(seqs: list[int], retried: set[int]) -> list[int]:
+    """``seqs`` without the repeats of a retried seq (a refused attempt whose outcome
+    was unknown may have been published: at-least-once for retries)."""
+    out: list[int] = []
+    for seq in seqs:
+        if out and out[-1] == seq and seq in retried:
+            continue
+        out.append(seq)
+    return out
+
+
+async def connect(server: ServerProcess) -> Client:
+    return await Client.connect(server.ws_url + WS_PATH)
+
+
+async def subscribe(client: Client, position: str | None = None) -> dict[str, Any]:
+    fields = {} if position is None else {"position": position}
+    answer = await client.subscribe(CHANNEL, **fields)
+    assert answer["event"] == "pusher_internal:subscription_succeeded", answer
+    return answer
+
+
+async def test_nothing_accepted_is_lost_when_redis_is_killed_and_restarted(
+    server_factory: ServerFactory, redis_factory: Callable[[], RedisServer]
+) -> None:
+    redis = redis_factory()
+    args = ("--backend", redis.url, "--redis-prefix", "fault", "--log-level", "warning")
+    nodes = [server_factory(*args), server_factory(*args)]
+    for node in nodes:
+        node.wait_ready()
+
+    live: list[Reader] = []
+    for node in nodes:
+        for _ in range(3):
+            client = await connect(node)
+            await subscribe(client)
+            live.append(Reader(client).start())
+    across = Reader(await connect(nodes[1]))  # resumes across the restart
+    await subscribe(across.client)
+    across.start()
+    within = Reader(await connect(nodes[0]))  # drops and resumes after the restart
+    await subscribe(within.client)
+    within.start()
+
+    publisher = Publisher([n.url for n in nodes])
+    pub_task = asyncio.create_task(publisher.run(lambda: len(publisher.accepted) >= TOTAL))
+    accepted_before_kill = 0
+    try:
+        await eventually(lambda: len(publisher.accepted) >= TOTAL // 3, "a third of the run")
+        redis.kill()
+        accepted_before_kill = len(publisher.accepted)
+        for node in nodes:
+            await becomes(node, 503)
+        await across.stop()  # a client leaves during the outage
+        for node in nodes:
+            assert await status(node.url, "/up") == 200, "a node went down with Redis"
+        redis.start()
+        for node in nodes:
+            await becomes(node, 200)
+        mark = len(publisher.accepted)
+        await eventually(lambda: len(publisher.accepted) >= mark + 20, "publishing resumes")
+        await eventually(lambda: len(within.seqs) >= mark + 10, "the second leaver to read on")
+        await within.stop()
+        within_position = within.positions[-1]
+        await eventually(lambda: len(publisher.accepted) >= mark + 60, "more publications")
+
+        back = Reader(await connect(nodes[0]))
+        await subscribe(back.client, across.positions[-1])
+        back.start()
+        again = Reader(await connect(nodes[1]))
+        await subscribe(again.client, within_position)
+        again.start()
+        await pub_task
+    finally:
+        pub_task.cancel()
+
+    accepted = publisher.accepted
+    last = accepted[-1]
+    readers = [*live, again]
+    await eventually(lambda: all(r.seqs and r.seqs[-1] >= last for r in readers), "delivery")
+    for node in nodes:
+        assert alive(node), "a node exited"
+
+    lost = 0
+    for reader in live:
+        got = deduplicated(reader.seqs, publisher.retried)
+        lost += len(set(accepted) - set(got))
+        assert got == accepted, (
+            live.index(reader),
+            set(accepted) - set(got),
+            reader.positions[95:105],
+            publisher.refused,
+        )
+
+    # Resumed within the new epoch: everything it missed, then the live rest.
+    seen = deduplicated(within.seqs + again.seqs, publisher.retried)
+    assert again.resumes[0]["recovered"] is True
+    assert seen == accepted
+
+    # Resumed from before the restart: told the truth, then continues live.
+    assert back.resumes[0]["recovered"] is False
+    assert back.resumes[0]["reason"]
+    before = deduplicated(across.seqs, publisher.retried)
+    assert before == accepted[: len(before)]
+    tail = deduplicated(back.seqs, publisher.retried)
+    assert tail == accepted[accepted.index(tail[0]) :]
+
+    for reader in [*readers, back]:
+        await reader.stop()
+    report(
+        "redis_fault",
+        accepted=len(accepted),
+        refused_attempts=publisher.refused,
+        accepted_before_kill=accepted_before_kill,
+        lost=lost,
+        live_clients=len(live),
+        nodes=len(nodes),
+        nodes_survived=sum(1 for n in nodes if alive(n)),
+        resumed_recovered=again.resumes[0]["recovered"],
+        resumed_across_restart_recovered=back.resumes[0]["recovered"],
+    )
+
+
+def alive(node: ServerProcess) -> bool:
+    return node.proc is not None and node.proc.poll() is None
+
+
+async def becomes(node: ServerProcess, code: int) -> None:
+    """Wait until the node's /ready answers ``code``."""
+
+    async def answers() -> bool:
+        return await status(node.url, "/ready") == code
+
+    await eventually(answers, f"{node.url}/ready to answer {code}")
