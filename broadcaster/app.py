@@ -16,6 +16,7 @@ from broadcaster.metrics import CONTENT_TYPE
 from broadcaster.node import Node
 from broadcaster.sessions import routes as session_routes
 from broadcaster.settings import Settings
+from broadcaster.sse import routes as sse_routes
 from broadcaster.websocket import BadPathEndpoint, WebSocketEndpoint
 
 __all__ = ["create_app"]
@@ -65,6 +66,7 @@ def _routes(node: Node, settings: Settings, extra: list[BaseRoute]) -> list[Base
         WebSocketRoute("/app/{key}", WebSocketEndpoint(node)),
         *api_routes(node),
         *session_routes(node),
+        *sse_routes(node),
     ]
     if settings.metrics:
         routes.append(Route("/metrics", metrics))

@@ -85,6 +85,8 @@ class Settings(BaseSettings):
     # Seconds a graceful shutdown may take before remaining work is cancelled.
     shutdown_timeout: Annotated[float, Field(gt=0, le=300)] = 10.0
     metrics: bool = True
+    # Seconds of silence after which an SSE stream gets a ": ping" comment line.
+    sse_heartbeat: Annotated[float, Field(gt=0, le=300)] = 15.0
 
     @field_validator("backend")
     @classmethod

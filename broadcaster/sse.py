@@ -1,0 +1,489 @@
+"""Server-sent events: a channel's publications over plain HTTP, resumable by position.
+
+For networks that block WebSockets, and for browsers' ``EventSource``:
+
+=====  =============================================  ======================================
+GET    ``/api/sessions/{session_id}/events``          a session's envelopes (``agent.<id>``,
+                                                      or ``private-agent.<id>`` with a token)
+GET    ``/api/channels/{channel}/events``             any public or private channel
+=====  =============================================  ======================================
+
+Each publication is one SSE event: ``id: <epoch>:<offset>`` (its history position),
+``event: <event name>`` (the envelope ``type`` for agent envelopes) and ``data: <data>``
+(the envelope JSON). A client that reconnects with ``Last-Event-ID`` (``EventSource``
+does this by itself) or ``?since=<epoch>:<offset>`` receives what it missed from the
+channel's history and then the live stream, with no gap and no duplicate, followed by a
+``broadcaster:resume`` event (no ``id``) saying whether the history reached back that
+far. Comment lines (``: ping``) every ``sse_heartbeat`` seconds of silence keep proxies
+from closing an idle stream.
+
+Under the hood an SSE stream is one more hub subscriber (:class:`FeedConnection`): the
+hub hands it the same encoded message as every WebSocket, it queues it in O(1) and its
+own task turns it into SSE text, so the WebSocket fan-out is not slowed. The same
+slow-consumer policy applies: a stream whose unsent bytes would exceed
+``max_buffer_bytes`` is ended, and the client resumes from its last id.
+
+Authorization (no socket, so no Pusher socket signature):
+
+- ``private-*`` channels need ``?auth=<app_key>:<hex HMAC-SHA256 of "sse:<channel>"
+  under the app secret>`` (:func:`stream_auth`): a Pusher channel signature with the
+  fixed socket id ``sse``, which no WebSocket connection can have.
+- The session form also accepts ``?token=<session token>`` (or ``Authorization: Bearer``),
+  the per-session token the demo hands out (:func:`session_token`). With either, the
+  session's private channel ``private-agent.<id>`` is streamed.
+- ``presence-*`` and ``#server-to-user-*`` channels need a WebSocket (membership,
+  sign-in) and are refused with 400.
+
+Errors are JSON ``{"error": ...}``: 400 (bad channel, session id or position), 403
+(missing or wrong authorization), 404 (unknown app, or a session with no history, no
+stored state and no position handed out), 503 (the backend is unreachable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import re
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from hashlib import sha256
+from types import TracebackType
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
+from starlette.types import Receive, Scope, Send
+
+from broadcaster import protocol
+from broadcaster._frames import Outgoing
+from broadcaster.backends.base import BackendUnavailable
+from broadcaster.channels import (
+    ChannelKind,
+    channel_kind,
+    server_to_user_id,
+    validate_channel_name,
+)
+from broadcaster.connection import Connection, ConnectionState, Delivery
+from broadcaster.exceptions import ProtocolError
+from broadcaster.node import Node
+from broadcaster.publication import Position
+from broadcaster.publishers import state_key
+from broadcaster.settings import AppConfig
+from broadcaster.signing import channel_auth, verify_channel_auth
+
+__all__ = [
+    "HEARTBEAT",
+    "MEDIA_TYPE",
+    "SSE_SOCKET_ID",
+    "ChannelFeed",
+    "FeedConnection",
+    "FeedItem",
+    "decode",
+    "encode_event",
+    "routes",
+    "session_token",
+    "stream_auth",
+]
+
+log = logging.getLogger("broadcaster.sse")
+
+MEDIA_TYPE = "text/event-stream"
+HEARTBEAT = b": ping\n\n"
+SSE_SOCKET_ID = "sse"
+"""The socket id an SSE ``auth`` is signed for (never a real one: those are digits)."""
+
+_SESSION_ID = re.compile(r"^[A-Za-z0-9_\-=@,.;]{1,128}$")
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+# -- authorization --------------------------------------------------------------------
+
+
+def stream_auth(app_key: str, app_secret: str, channel: str) -> str:
+    """The ``auth`` query value that opens an SSE stream of private ``channel``:
+    ``"<app_key>:<hex HMAC-SHA256 of 'sse:<channel>'>"``."""
+    return channel_auth(app_key, app_secret, SSE_SOCKET_ID, channel)
+
+
+def session_token(app: AppConfig, session_id: str) -> str:
+    """The bearer token of one private session: hex HMAC-SHA256 of
+    ``demo-session:<session_id>`` under the app secret (the token ``POST /run`` hands
+    out with private sessions)."""
+    message = f"demo-session:{session_id}".encode()
+    return hmac.new(app.secret.encode(), message, sha256).hexdigest()
+
+
+def _auth_ok(app: AppConfig, auth: str | None, channel: str) -> bool:
+    return verify_channel_auth(app.key, app.secret, auth, SSE_SOCKET_ID, channel)
+
+
+def _token_ok(app: AppConfig, token: str | None, session_id: str) -> bool:
+    return bool(token) and hmac.compare_digest(
+        str(token).encode(), session_token(app, session_id).encode()
+    )
+
+
+# -- wire format (sans I/O) -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FeedItem:
+    """One message of a channel as the hub delivered it: ``event`` name, ``data`` text
+    and, for publications kept in history, their ``position`` (``"<epoch>:<offset>"``)."""
+
+    event: str
+    data: str
+    position: str | None = None
+
+
+def decode(message: Outgoing) -> FeedItem:
+    """The event, data and position of a channel message built by the hub."""
+    frame: dict[str, Any] = orjson.loads(message.payload)
+    data = frame.get("data", "")
+    text = data if isinstance(data, str) else orjson.dumps(data).decode()
+    return FeedItem(str(frame.get("event", "")), text, frame.get("position"))
+
+
+def encode_event(item: FeedItem) -> bytes:
+    """``item`` as one SSE event: ``id:`` (if it has a position), ``event:`` and one
+    ``data:`` line per line of its data."""
+    lines = [] if item.position is None else [f"id: {item.position}"]
+    lines.append(f"event: {_LINE_BREAK.sub(' ', item.event)}")
+    lines.extend(f"data: {line}" for line in _LINE_BREAK.split(item.data))
+    return ("\n".join(lines) + "\n\n").encode()
+
+
+def _comment(text: str) -> bytes:
+    return f": {_LINE_BREAK.sub(' ', text)}\n\n".encode()
+
+
+# -- the hub subscriber ---------------------------------------------------------------
+
+
+class FeedConnection(Connection):
+    """A hub subscriber that is not a socket: what the hub sends is queued for a
+    reader task (:meth:`take`), under the node's byte limit and slow-consumer policy
+    (over the limit, the feed ends with :attr:`ended` set)."""
+
+    __slots__ = ("_queue", "_queued_bytes", "_wakeup", "ended")
+
+    def __init__(self, app: AppConfig, delivery: Delivery) -> None:
+        super().__init__(protocol.new_socket_id(), app, delivery)
+        self._queue: deque[Outgoing] = deque()
+        self._queued_bytes = 0
+        self._wakeup = asyncio.Event()
+        self.ended: str | None = None
+
+    def send(self, message: Outgoing) -> None:
+        if self.state is not ConnectionState.OPEN:
+            return
+        size = self._queued_bytes + len(message)
+        if size > self._delivery.max_buffer_bytes:
+            self._slow_consumer()
+            return
+        self._queue.append(message)
+        self._queued_bytes = size
+        self._wakeup.set()
+
+    def flush(self) -> None:
+        self._wakeup.set()
+
+    def closed(self) -> None:
+        super().closed()
+        self._drop()
+        self._wakeup.set()
+
+    async def take(self, wait: float) -> list[Outgoing]:
+        """What was queued, waiting up to ``wait`` seconds for something (an empty
+        list when nothing came or the feed ended)."""
+        if not self._queue and self.ended is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), wait)
+        self._wakeup.clear()
+        batch = list(self._queue)
+        self._drop()
+        return batch
+
+    def _drop(self) -> None:
+        self._queue.clear()
+        self._queued_bytes = 0
+
+    def _slow_consumer(self) -> None:
+        self._drop()
+        super()._slow_consumer()
+
+    def _buffered(self) -> int:
+        return self._queued_bytes
+
+    def _close_socket(self, code: int, reason: str, abort_after: float) -> None:
+        self.ended = reason or f"closed ({code})"
+        self._wakeup.set()
+
+    def __repr__(self) -> str:
+        return f"<FeedConnection {self.socket_id} app={self.app.id} {self.state.value}>"
+
+
+class ChannelFeed:
+    """A channel's messages from a position on, as an async context manager.
+
+    On entry the feed subscribes to ``channel`` (holding live publications back), reads
+    the history after ``since`` and queues the missed publications, then the held ones
+    that are newer (the hub's resume, as for a WebSocket), then a ``broadcaster:resume``
+    message. Without ``since`` it starts with the live stream.
+
+    Args:
+        node: the node whose hub and backend to use.
+        app: the app of the channel.
+        channel: the channel to follow (authorization is the caller's business).
+        since: resume after this position.
+
+    Raises:
+        BackendUnavailable: on entry, when the backend cannot subscribe or read history.
+    """
+
+    def __init__(self, node: Node, app: AppConfig, channel: str, since: Position | None) -> None:
+        self.node = node
+        self.app = app
+        self.channel = channel
+        self.since = since
+        self.conn = FeedConnection(app, node.delivery)
+        self._subscribed = False
+        self._occupied = False
+
+    async def __aenter__(self) -> ChannelFeed:
+        hub, conn = self.node.hub, self.conn
+        await hub.subscribe(conn, self.channel, recovering=True)
+        self._subscribed = True
+        self._counted(+1)
+        try:
+            await self.node.backend.add_subscriptions(self.app.id, self.channel, 1)
+            self._occupied = True
+            await self._resume()
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _resume(self) -> None:
+        hub, conn, channel = self.node.hub, self.conn, self.channel
+        if self.since is None:
+            hub.release(conn, channel)
+            return
+        result = await self.node.backend.history(self.app.id, channel, self.since)
+        hub.recovered(conn, channel, result.publications)
+        reason = None if result.recovered else "the channel's history no longer reaches back"
+        notice = protocol.resume_result(channel, result.recovered, result.position, reason)
+        conn.send(Outgoing(notice))
+
+    async def receive(self, wait: float) -> list[FeedItem]:
+        """The next messages, waiting up to ``wait`` seconds (empty when none came
+        or the feed :attr:`ended`)."""
+        return [decode(message) for message in await self.conn.take(wait)]
+
+    @property
+    def ended(self) -> str | None:
+        """Why the feed ended (it fell too far behind), or None while it runs."""
+        return self.conn.ended
+
+    async def aclose(self) -> None:
+        """Unsubscribe; idempotent."""
+        self.conn.closed()
+        if not self._subscribed:
+            return
+        self._subscribed = False
+        self._counted(-1)
+        await self.node.hub.unsubscribe(self.conn, self.channel)
+        if not self._occupied:
+            return
+        self._occupied = False
+        try:
+            await self.node.backend.add_subscriptions(self.app.id, self.channel, -1)
+        except BackendUnavailable as exc:
+            log.warning("leaving %s (SSE %s): %s", self.channel, self.conn.socket_id, exc)
+
+    def _counted(self, delta: int) -> None:
+        metrics = self.node.metrics
+        metrics.subscriptions.inc(delta)
+        metrics.channels.set(self.node.hub.channels())
+
+
+# -- the response ---------------------------------------------------------------------
+
+
+class EventStreamResponse(Response):
+    """Streams a :class:`ChannelFeed` as SSE until the client goes away; answers 503
+    instead when the feed cannot be opened."""
+
+    media_type = MEDIA_TYPE
+
+    def __init__(self, feed: ChannelFeed, heartbeat: float) -> None:
+        super().__init__(media_type=MEDIA_TYPE)
+        self.feed = feed
+        self.heartbeat = heartbeat
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.feed.__aenter__()
+        except BackendUnavailable as exc:
+            await _error(503, f"cannot follow {self.feed.channel!r} now: {exc}")(
+                scope, receive, send
+            )
+            return
+        try:
+            body = StreamingResponse(_events(self.feed, self.heartbeat), 200, _HEADERS, MEDIA_TYPE)
+            await body(scope, receive, send)
+        finally:
+            await self.feed.aclose()
+
+
+async def _events(feed: ChannelFeed, heartbeat: float) -> AsyncIterator[bytes]:
+    yield _comment(f"{feed.channel}")
+    while True:
+        items = await feed.receive(heartbeat)
+        if feed.ended is not None:
+            yield _comment(f"ended: {feed.ended}; reconnect with Last-Event-ID")
+            return
+        yield b"".join(encode_event(item) for item in items) if items else HEARTBEAT
+
+
+# -- routes ---------------------------------------------------------------------------
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def routes(node: Node) -> list[BaseRoute]:
+    """The SSE routes served by ``node`` (heartbeat: ``settings.sse_heartbeat``)."""
+    heartbeat = node.settings.sse_heartbeat
+
+    async def session_events(request: Request) -> Response:
+        try:
+            app, channel, since = await _session_stream(node, request)
+        except _Refused as exc:
+            return _error(exc.status, str(exc))
+        except BackendUnavailable as exc:
+            return _error(503, str(exc))
+        return EventStreamResponse(ChannelFeed(node, app, channel, since), heartbeat)
+
+    async def channel_events(request: Request) -> Response:
+        try:
+            app, channel, since = _channel_stream(node, request)
+        except _Refused as exc:
+            return _error(exc.status, str(exc))
+        return EventStreamResponse(ChannelFeed(node, app, channel, since), heartbeat)
+
+    return [
+        Route("/api/sessions/{session_id}/events", session_events, methods=["GET"]),
+        Route("/api/channels/{channel}/events", channel_events, methods=["GET"]),
+    ]
+
+
+def _app(node: Node, request: Request) -> AppConfig:
+    app_id = request.query_params.get("app_id") or node.apps[0].id
+    app = node.app_by_id(app_id)
+    if app is None:
+        raise _Refused(404, f"unknown app {app_id!r}")
+    if not app.enabled:
+        raise _Refused(403, f"app {app_id!r} is disabled")
+    return app
+
+
+def _since(request: Request) -> Position | None:
+    text = request.headers.get("last-event-id") or request.query_params.get("since")
+    if not text:
+        return None
+    try:
+        return Position.parse(text.strip())
+    except ValueError as exc:
+        raise _Refused(400, f"Last-Event-ID / since: {exc}") from None
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return request.query_params.get("token")
+
+
+async def _session_stream(node: Node, request: Request) -> tuple[AppConfig, str, Position | None]:
+    session_id = request.path_params["session_id"]
+    if not _SESSION_ID.match(session_id):
+        raise _Refused(400, f"invalid session id {session_id!r}: {_SESSION_ID.pattern}")
+    app = _app(node, request)
+    since = _since(request)
+    channel = await _session_channel(node, app, request, session_id)
+    latest = await node.backend.position(app.id, channel)
+    if latest.offset > 0 or (since is not None and since.epoch == latest.epoch):
+        return app, channel, since
+    if await node.backend.load_value(app.id, state_key(session_id)) is None:
+        raise _Refused(
+            404,
+            f"unknown session {session_id!r}: no events, no stored state and no "
+            "position handed out for it (start a run first)",
+        )
+    return app, channel, since
+
+
+async def _session_channel(node: Node, app: AppConfig, request: Request, session_id: str) -> str:
+    """``private-agent.<id>`` for a request with a token or auth (checked), else
+    ``agent.<id>`` unless the session is private (403)."""
+    private = f"private-agent.{session_id}"
+    token, auth = _bearer(request), request.query_params.get("auth")
+    if token is not None or auth is not None:
+        if _token_ok(app, token, session_id) or _auth_ok(app, auth, private):
+            return private
+        raise _Refused(403, f"the token or auth given does not grant session {session_id!r}")
+    if (await node.backend.position(app.id, private)).offset > 0:
+        raise _Refused(
+            403,
+            f"session {session_id!r} is private: pass ?token=<session token> "
+            "(or Authorization: Bearer <token>) or ?auth=<signature of the channel>",
+        )
+    return f"agent.{session_id}"
+
+
+def _channel_stream(node: Node, request: Request) -> tuple[AppConfig, str, Position | None]:
+    try:
+        channel = validate_channel_name(request.path_params["channel"])
+    except ProtocolError as exc:
+        raise _Refused(400, exc.message) from None
+    if server_to_user_id(channel) is not None or channel_kind(channel) is ChannelKind.PRESENCE:
+        raise _Refused(
+            400,
+            f"{channel!r} needs a WebSocket connection (presence membership or sign-in); "
+            "SSE serves public and private channels",
+        )
+    app = _app(node, request)
+    since = _since(request)
+    if channel_kind(channel) is ChannelKind.PRIVATE:
+        auth = request.query_params.get("auth")
+        if not _auth_ok(app, auth, channel):
+            what = "missing" if not auth else "invalid"
+            raise _Refused(
+                403,
+                f"{what} auth for private channel {channel!r}: pass ?auth=<app_key>:<hex "
+                f"HMAC-SHA256 of 'sse:{channel}' under the app secret>",
+            )
+    return app, channel, since
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
