@@ -54,6 +54,7 @@ __all__ = [
     "DEFAULT_MAX_MEMBER_SIZE",
     "MAX_EVENT_NAME_LENGTH",
     "MAX_USER_ID_LENGTH",
+    "MAX_USER_INFO_DEPTH",
     "RESUME_EVENT",
     "ClientEvent",
     "Command",
@@ -91,6 +92,8 @@ RESUME_EVENT = "broadcaster:resume"
 MAX_EVENT_NAME_LENGTH = 200
 MAX_USER_ID_LENGTH = 128
 DEFAULT_MAX_MEMBER_SIZE = 2_048
+MAX_USER_INFO_DEPTH = 32
+"""Deepest nesting of a presence member's ``user_info`` (it is re-sent inside frames)."""
 
 _CLIENT_COMMANDS = (
     "pusher:subscribe, pusher:unsubscribe, pusher:ping, pusher:pong, pusher:signin "
@@ -337,7 +340,10 @@ def _parse_client_event(message: dict[str, Any], event: str) -> ClientEvent:
         raise ProtocolError(ErrorCode.INVALID_CHANNEL, f"client event {event!r} needs a 'channel'")
     channel = validate_channel_name(message["channel"])
     data = message.get("data")
-    text = data if isinstance(data, str) else orjson.dumps(data).decode()
+    try:
+        text = data if isinstance(data, str) else orjson.dumps(data).decode()
+    except TypeError:  # orjson writes at most 254 levels (it reads 1024)
+        raise _invalid(f"data of {event!r} is nested too deeply (more than 254 levels)") from None
     return ClientEvent(event, channel, text)
 
 
@@ -435,7 +441,24 @@ def parse_presence_member(
     value = _loads(channel_data, "channel_data", ErrorCode.INVALID_CHANNEL_DATA)
     if not isinstance(value, dict):
         raise _bad_member(f"channel_data must be a JSON object, got {_type_name(value)}")
-    return PresenceMember(_user_id(value.get("user_id")), value.get("user_info"))
+    user_info = value.get("user_info")
+    if _nesting(user_info) > MAX_USER_INFO_DEPTH:
+        raise _bad_member(
+            f"channel_data.user_info is nested more than {MAX_USER_INFO_DEPTH} levels deep"
+        )
+    return PresenceMember(_user_id(value.get("user_id")), user_info)
+
+
+def _nesting(value: object) -> int:
+    """How deeply arrays and objects are nested in ``value`` (0 for a scalar)."""
+    deepest, level = 0, [(value, 1)]
+    while level:
+        item, depth = level.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            children = item.values() if isinstance(item, dict) else item
+            level.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def _user_id(value: object) -> str:
