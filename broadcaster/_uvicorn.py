@@ -11,24 +11,40 @@ never compresses (permessage-deflate is off) and outgoing data frames carry no s
 closing still goes through the state machine (:meth:`FastWebSocketProtocol.close_now`).
 It also closes clients with 4200 on server shutdown instead of uvicorn's 1012, which
 Pusher clients treat as "reconnect now".
+
+Native sessions: when the application's lifespan state holds a :class:`Sessions` under
+:data:`SESSIONS_STATE`, the WebSocket paths it :meth:`~Sessions.serves` skip ASGI
+altogether. The protocol answers the handshake itself and hands every inbound message
+to a :class:`Session` by a plain call: no ASGI task, receive queue, scope or middleware
+frames are kept per connection, which is most of what an idle connection costs. Other
+paths go through the ASGI application as before.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, cast
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any, Protocol, cast
+from urllib.parse import unquote
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.datastructures import Headers
 from websockets.http11 import Request
 
 __all__ = [
     "EXTENSION",
+    "SESSIONS_STATE",
     "SHUTDOWN_CLOSE_CODE",
     "FastWebSocketProtocol",
     "RawSocket",
+    "Session",
+    "Sessions",
     "protocol_class",
 ]
 
 EXTENSION = "broadcaster.raw_socket"
+SESSIONS_STATE = "broadcaster_sessions"
 SHUTDOWN_CLOSE_CODE = 4200
 
 
@@ -53,17 +69,165 @@ class RawSocket(Protocol):
         ...
 
 
+class NativeSocket(RawSocket, Protocol):
+    """What a native :class:`Session` gets besides frame writes: inbound flow control
+    and tasks that the server waits for on shutdown."""
+
+    def pause_reading(self) -> None:
+        """Stop reading from the peer until :meth:`resume_reading` (not while closing)."""
+        ...
+
+    def resume_reading(self) -> None:
+        """Read from the peer again."""
+        ...
+
+    def run_task(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` as a task that a graceful shutdown waits for."""
+        ...
+
+
+class Session(Protocol):
+    """One natively served WebSocket connection, driven by the protocol's callbacks."""
+
+    def received(self, data: str | bytes) -> None:
+        """A complete message arrived (text as ``str``)."""
+        ...
+
+    def lost(self) -> None:
+        """The transport is gone; called once, last."""
+        ...
+
+
+class Sessions(Protocol):
+    """Serves WebSocket paths natively (see the module doc)."""
+
+    def serves(self, path: str) -> bool:
+        """Whether ``path`` (percent-decoded, without the query) is served natively."""
+        ...
+
+    def open(
+        self, socket: NativeSocket, path: str, query: str, origin: str | None
+    ) -> Session | None:
+        """A handshake to ``path`` was accepted: the session, or None when the
+        connection was refused (an error and a close frame written to ``socket``)."""
+        ...
+
+
+class _Discard(asyncio.Queue[Any]):
+    """The receive queue of a native connection: there is no ASGI app to read it."""
+
+    def put_nowait(self, item: Any) -> None:
+        pass
+
+    def empty(self) -> bool:
+        return True
+
+
+class _AlwaysWritable(asyncio.Event):
+    """The ``writable`` flag of a native connection: its frames go straight to the
+    transport (bounded per connection, see :mod:`broadcaster.connection`)."""
+
+    def clear(self) -> None:
+        pass
+
+
+_DISCARD = _Discard()
+_NO_HEADERS = Headers()
+_ALWAYS_WRITABLE = _AlwaysWritable()
+_ALWAYS_WRITABLE.set()
+
+
 class FastWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's sans-I/O WebSocket protocol plus direct frame writes (see module doc)."""
 
     shutdown_abort_after = 5.0
+    session: Session | None = None  # a class default: no instance entry unless native
 
     def handle_connect(self, event: Request) -> None:
+        sessions = cast("Sessions | None", self.app_state.get(SESSIONS_STATE))
+        raw_path, _, query = event.path.partition("?")
+        path = unquote(raw_path)
+        if sessions is not None and sessions.serves(path):
+            self._open_native(sessions, event, path, query)
+            return
         super().handle_connect(event)
         if self.response.status_code == 101:
             # The ASGI task is created above but starts on a later tick, so it sees this.
             extensions = cast(dict[str, object], self.scope["extensions"])
             extensions[EXTENSION] = self
+
+    def _open_native(self, sessions: Sessions, event: Request, path: str, query: str) -> None:
+        response = self.conn.accept(event)
+        self.handshake_initiated = True
+        self.handshake_complete = True
+        if response.status_code != 101:  # not a valid WebSocket handshake
+            self.close_sent = True
+            self.conn.send_response(response)
+            self.transport.write(b"".join(self.conn.data_to_send()))
+            self.transport.close()
+            return
+        del response.headers["Date"]
+        response.headers.update(
+            (name.decode("latin-1"), value.decode("latin-1"))
+            for name, value in self.default_headers
+        )
+        self.conn.send_response(response)
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.queue = _DISCARD
+        self.writable = _ALWAYS_WRITABLE
+        if self.logger.isEnabledFor(logging.INFO):
+            peer = "%s:%d" % self.client if self.client else "-"  # noqa: UP031
+            self.logger.info('%s - "WebSocket %s" [accepted]', peer, event.path)
+        origin = event.headers.get("Origin")
+        # The handshake parser keeps the request for the connection's life: let its
+        # headers go (a few KB per connection), as uvicorn's scope is never built.
+        event.headers = _NO_HEADERS
+        self.server = None
+        self.session = sessions.open(self, path, query, origin)
+
+    def send_receive_event_to_app(self) -> None:
+        session = self.session
+        if session is None:
+            super().send_receive_event_to_app()
+            return
+        frames = self.frames
+        data = frames[0] if len(frames) == 1 else b"".join(frames)
+        self.frames = []
+        if self.close_sent:
+            return  # past our close frame: only the peer's answer matters
+        if self.curr_msg_data_type == "bytes":
+            session.received(data)
+            return
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            self.conn.send_close(1007, "invalid UTF-8")
+            self.handle_parser_exception()
+            return
+        session.received(text)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        session = self.session
+        if session is not None:
+            self.session = None
+            session.lost()
+
+    def pause_reading(self) -> None:
+        if not (self.read_paused or self.close_sent or self.transport.is_closing()):
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.read_paused:
+            self.read_paused = False
+            if not self.transport.is_closing():
+                self.transport.resume_reading()
+
+    def run_task(self, work: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(work)
+        task.add_done_callback(self.on_task_complete)
+        self.tasks.add(task)
 
     @property
     def closing(self) -> bool:

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
+from broadcaster._uvicorn import SESSIONS_STATE
 from broadcaster.extensions import ExtensionContext, load_extension
 from broadcaster.http_api import api_routes
 from broadcaster.metrics import CONTENT_TYPE
@@ -17,7 +18,7 @@ from broadcaster.node import Node
 from broadcaster.sessions import routes as session_routes
 from broadcaster.settings import Settings
 from broadcaster.sse import routes as sse_routes
-from broadcaster.websocket import BadPathEndpoint, WebSocketEndpoint
+from broadcaster.websocket import BadPathEndpoint, NativeSessions, WebSocketEndpoint
 
 __all__ = ["create_app"]
 
@@ -36,12 +37,14 @@ def create_app(settings: Settings, node: Node | None = None) -> Starlette:
         load_extension(name)(ctx)
 
     @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, object]]:
         async with AsyncExitStack() as stack:
             await stack.enter_async_context(node.running())
             for hook in ctx.lifespans:
                 await stack.enter_async_context(hook())
-            yield
+            # Lifespan state reaches the server's protocols: the fast path serves
+            # /app/{key} natively through it (see broadcaster._uvicorn).
+            yield {SESSIONS_STATE: NativeSessions(node)}
 
     app = Starlette(routes=_routes(node, settings, ctx.routes), lifespan=lifespan)
     app.state.settings = settings

@@ -6,28 +6,39 @@ then a close frame with the same code. Inbound messages are parsed by the sans-I
 :mod:`broadcaster.protocol` and dispatched to :class:`~broadcaster.node.Node`; outbound
 messages leave through the connection's buffer (the fast path when the server is run
 with :class:`~broadcaster._uvicorn.FastWebSocketProtocol`, the ASGI ``send`` otherwise).
+
+Under :class:`~broadcaster._uvicorn.FastWebSocketProtocol`, ``/app/{key}`` is served
+natively by :class:`NativeSessions` instead: the protocol calls the session for each
+message, commands that need no I/O (ping, pong, sign-in, errors) are answered in that
+call, and the others run in a short task per connection that exists only while it has
+work (reading from the client pauses meanwhile, so commands keep their order). An idle
+connection then holds no task, no coroutine frames and no ASGI receive queue.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import assert_never
+from collections import deque
+from collections.abc import Awaitable, Coroutine
+from typing import Any, Final, assert_never
 from urllib.parse import parse_qs
 
 from starlette.types import Receive, Scope, Send
 
 from broadcaster import protocol
-from broadcaster._frames import Outgoing
-from broadcaster._uvicorn import EXTENSION, RawSocket
+from broadcaster._frames import Outgoing, text_frame
+from broadcaster._uvicorn import EXTENSION, NativeSocket, RawSocket
 from broadcaster.codes import ErrorCode
 from broadcaster.connection import Connection
 from broadcaster.exceptions import ProtocolError
 from broadcaster.node import Node
 
-__all__ = ["BadPathEndpoint", "WebSocketEndpoint"]
+__all__ = ["BadPathEndpoint", "NativeSessions", "WebSocketEndpoint"]
 
 log = logging.getLogger("broadcaster.websocket")
 _PONG = Outgoing(protocol.pong())
+_APP_PREFIX = "/app/"
+_INTERNAL_ERROR = 1011  # RFC 6455: the server met an unexpected condition
 
 
 class WebSocketEndpoint:
@@ -57,8 +68,6 @@ class WebSocketEndpoint:
             await self.node.disconnect(conn)
 
     async def _serve(self, conn: Connection, receive: Receive) -> None:
-        max_size = conn.app.max_message_size
-        member_size = conn.app.max_presence_member_size
         while True:
             message = await receive()
             if message["type"] != "websocket.receive":
@@ -67,22 +76,125 @@ class WebSocketEndpoint:
             if not conn.is_open:
                 continue  # closing: the disconnect follows
             text = message.get("text")
-            data = text if text is not None else message.get("bytes") or b""
-            try:
-                command = protocol.parse_client_message(data, max_size, max_member_size=member_size)
-                await self._dispatch(conn, command)
-            except ProtocolError as exc:
-                _report(conn, exc)
+            work = handle(
+                self.node, conn, text if text is not None else message.get("bytes") or b""
+            )
+            if work is not None:
+                await work
 
-    async def _dispatch(self, conn: Connection, command: protocol.Command) -> None:
+
+class NativeSessions:
+    """Serves ``/app/{key}`` without ASGI under the fast-path protocol (see the module
+    doc and :class:`broadcaster._uvicorn.Sessions`)."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def serves(self, path: str) -> bool:
+        return (
+            path.startswith(_APP_PREFIX)
+            and "/" not in path[len(_APP_PREFIX) :]
+            and (len(path) > len(_APP_PREFIX))
+        )
+
+    def open(
+        self, socket: NativeSocket, path: str, query: str, origin: str | None
+    ) -> _NativeSession | None:
         node = self.node
+        try:
+            app = node.admit(path[len(_APP_PREFIX) :], _query_param(query, "protocol"), origin)
+        except ProtocolError as exc:
+            socket.write(text_frame(protocol.error(exc.code, exc.message)))
+            socket.close_now(int(exc.code), exc.message[:120], node.delivery.abort_after)
+            return None
+        return _NativeSession(node, node.open(app, raw=socket), socket)
+
+
+_GONE: Final = object()  # queued after the messages of a connection that is gone
+
+
+class _NativeSession:
+    """One natively served connection: messages are handled as they arrive; commands
+    that await run one after the other in a task that lives while there is work."""
+
+    __slots__ = ("_backlog", "_conn", "_node", "_socket")
+
+    def __init__(self, node: Node, conn: Connection, socket: NativeSocket) -> None:
+        self._node = node
+        self._conn = conn
+        self._socket = socket
+        self._backlog: deque[object] | None = None  # not None while the task runs
+
+    def received(self, data: str | bytes) -> None:
+        self._node.seen(self._conn)
+        if self._backlog is not None:
+            self._backlog.append(data)
+            self._socket.pause_reading()
+        elif self._conn.is_open:
+            work = handle(self._node, self._conn, data)
+            if work is not None:
+                self._start(work)
+
+    def lost(self) -> None:
+        if self._backlog is not None:
+            self._backlog.append(_GONE)
+        else:
+            self._socket.run_task(self._disconnect())
+
+    def _start(self, work: Coroutine[Any, Any, None]) -> None:
+        self._backlog = deque()
+        self._socket.run_task(self._work(work))
+
+    async def _work(self, work: Coroutine[Any, Any, None]) -> None:
+        backlog = self._backlog
+        assert backlog is not None
+        conn = self._conn
+        gone = False
+        try:
+            await work
+            while backlog and not gone:
+                item = backlog.popleft()
+                if item is _GONE:
+                    gone = True
+                elif conn.is_open:
+                    assert isinstance(item, str | bytes)
+                    more = handle(self._node, conn, item)
+                    if more is not None:
+                        await more
+        except Exception:
+            log.exception("unexpected error serving %s; closing it", conn.socket_id)
+            conn.close(_INTERNAL_ERROR, "internal server error")
+            gone = _GONE in backlog
+        finally:
+            self._backlog = None
+            self._socket.resume_reading()
+        if gone:
+            await self._disconnect()
+
+    async def _disconnect(self) -> None:
+        try:
+            await self._node.disconnect(self._conn)
+        except Exception:
+            log.exception("unexpected error forgetting %s", self._conn.socket_id)
+
+
+def handle(node: Node, conn: Connection, data: str | bytes) -> Coroutine[Any, Any, None] | None:
+    """Parse and handle one client message. Commands that need no I/O are done on
+    return; for the others, the work to await is returned (it reports its own
+    protocol errors to the client)."""
+    try:
+        command = protocol.parse_client_message(
+            data, conn.app.max_message_size, max_member_size=conn.app.max_presence_member_size
+        )
         match command:
             case protocol.Subscribe():
-                await node.subscribe(conn, command)
+                return _reporting(conn, node.subscribe(conn, command))
             case protocol.Unsubscribe():
-                await node.unsubscribe(conn, command.channel)
+                return _reporting(conn, node.unsubscribe(conn, command.channel))
             case protocol.ClientEvent():
-                await node.client_event(conn, command)
+                return _reporting(conn, node.client_event(conn, command))
             case protocol.Ping():
                 conn.send(_PONG)
             case protocol.Pong():
@@ -91,6 +203,16 @@ class WebSocketEndpoint:
                 node.signin(conn, command)
             case _:
                 assert_never(command)
+    except ProtocolError as exc:
+        _report(conn, exc)
+    return None
+
+
+async def _reporting(conn: Connection, work: Awaitable[None]) -> None:
+    try:
+        await work
+    except ProtocolError as exc:
+        _report(conn, exc)
 
 
 class BadPathEndpoint:
@@ -127,7 +249,11 @@ def _report(conn: Connection, exc: ProtocolError) -> None:
 
 
 def _query_value(scope: Scope, name: str) -> str | None:
-    values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get(name)
+    return _query_param(scope.get("query_string", b"").decode("latin-1"), name)
+
+
+def _query_param(query: str, name: str) -> str | None:
+    values = parse_qs(query).get(name)
     return values[0] if values else None
 
 
