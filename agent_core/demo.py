@@ -39,6 +39,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from agent_core import agui
 from agent_core.runs import DriverFactory, RunManager, RunRequest, RunStarter, SessionBusy
 from agent_core.worker import RunQueue
 from broadcaster.backends import BackendUnavailable
@@ -65,6 +66,7 @@ class DemoSettings(BaseSettings):
     )
     driver: Literal["scripted", "openai"] = "scripted"
     state_ttl: float = Field(default=86_400.0, gt=0)
+    agui_path: str = Field(default=agui.AGUI_PATH, pattern=r"^/[A-Za-z0-9_\-./]*$")
     run_mode: Literal["local", "queue"] = Field(
         default="local",
         description="local: runs execute in this process; queue: they are queued in "
@@ -186,6 +188,7 @@ def install(ctx: ExtensionContext) -> None:
         Route(AUTH_PATH, _auth(demo), methods=["POST"]),
         Mount("/demo", static, name="demo-assets"),
     ]
+    ctx.routes += agui.routes(demo)
     ctx.state["demo"] = demo
 
 

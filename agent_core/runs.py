@@ -65,6 +65,12 @@ class RunRequest(BaseModel):
     pace_ms: int = Field(
         default=0, ge=0, le=2_000, description="delay between streamed deltas (demo pacing)"
     )
+    execution_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="the run's id on its envelopes (e.g. AG-UI's runId); default: x-<hex>",
+    )
 
 
 @dataclass(frozen=True)
@@ -186,7 +192,8 @@ class RunManager:
         except BaseException:
             del self._runs[session_id]
             raise
-        handle = RunHandle(session_id, new_execution_id(), channel, position)
+        execution_id = request.execution_id or new_execution_id()
+        handle = RunHandle(session_id, execution_id, channel, position)
         task = asyncio.get_running_loop().create_task(self.execute(handle, request))
         self._runs[session_id] = _Run(handle, task)
         task.add_done_callback(lambda _: self._runs.pop(session_id, None))

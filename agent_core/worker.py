@@ -111,7 +111,7 @@ class RunQueue:
             redis.exceptions.RedisError: Redis is unreachable.
         """
         session_id = request.session_id or new_session_id()
-        execution_id = new_execution_id()
+        execution_id = request.execution_id or new_execution_id()
         lock = lock_key(self.prefix, self.app_id, session_id)
         if not await self.redis.set(lock, execution_id, nx=True, px=int(LOCK_TTL * 1000)):
             raise SessionBusy(session_id)
