@@ -15,7 +15,7 @@ from pydantic import TypeAdapter
 
 from agent_core.agui import CONTINUATION_EVENT, AguiMapper, InvalidInput, run_request
 from broadcaster import envelope as env
-from tests.server.conftest import Client, LiveServer, StartServer
+from tests.server.conftest import Client, LiveServer, StartServer, wait_for
 from tests.wire.test_runs import read_run, subscribe
 
 EVENTS: TypeAdapter[Event] = TypeAdapter(Event)
@@ -167,6 +167,25 @@ async def test_a_busy_thread_is_refused_with_409(demo: LiveServer) -> None:
         again = await http.post(f"{demo.url}/ag-ui", json=agent_input(body["threadId"]))
     assert again.status_code == 409
     assert "already has a run in progress" in again.json()["error"]
+
+
+async def test_a_client_that_leaves_does_not_stop_the_run(
+    demo: LiveServer, clients: Connect
+) -> None:
+    body = agent_input(forwardedProps={"pace_ms": 10})
+    watcher = await clients(demo.app_url())
+    channel = f"agent.{body['threadId']}"
+    await subscribe(watcher, channel, None)
+    async with (
+        httpx.AsyncClient(timeout=20) as http,
+        http.stream("POST", f"{demo.url}/ag-ui", json=body) as response,
+    ):
+        lines = response.aiter_lines()
+        while "RUN_STARTED" not in await anext(lines):
+            pass
+    envelopes = await read_run(watcher)
+    assert envelopes[-1][2]["status"] == "completed"
+    await wait_for(lambda: demo.node.hub.subscriber_count("1", channel) == 1, "the stream to leave")
 
 
 async def test_a_private_thread_needs_its_session_token(
