@@ -106,3 +106,9 @@ class RawClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def masked_frame(opcode: int, payload: bytes) -> bytes:
+    """A client frame with any ``opcode`` (1 text, 2 binary) and unchecked payload."""
+    frame = masked_text_frame(payload)
+    return bytes((0x80 | opcode,)) + frame[1:]
