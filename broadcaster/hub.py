@@ -84,6 +84,7 @@ class Hub:
         self._channels: dict[_Key, _Channel] = {}
         self._leaving: dict[_Key, asyncio.Task[None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._starts: list[float] = []  # delivered this tick, latency not yet observed
         self._fills: set[asyncio.Task[None]] = set()
 
     def subscriber_count(self, app_id: str, channel: str) -> int:
@@ -222,8 +223,9 @@ class Hub:
             if conn.socket_id != exclude:
                 conn.send(message)
                 sent += 1
-        self._metrics.publications.inc()
-        self._metrics.messages_out.inc(sent)
+        metrics = self._metrics
+        metrics.publications += 1
+        metrics.messages_out += sent
         self._observe_after_flush(started)
 
     @staticmethod
@@ -282,11 +284,21 @@ class Hub:
             self.deliver(publication)
 
     def _observe_after_flush(self, started: float) -> None:
-        # Runs after the Delivery flush of this tick (call_soon callbacks run in order).
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-        histogram = self._metrics.send_latency
-        self._loop.call_soon(lambda: histogram.observe(time.perf_counter() - started))
+        # One callback per tick, after the Delivery flush of this tick (call_soon
+        # callbacks run in order), observes every publication delivered in the tick.
+        starts = self._starts
+        starts.append(started)
+        if len(starts) == 1:
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            self._loop.call_soon(self._observe_latencies)
+
+    def _observe_latencies(self) -> None:
+        now = time.perf_counter()
+        starts, self._starts = self._starts, []
+        observe = self._metrics.send_latency.observe
+        for started in starts:
+            observe(now - started)
 
 
 _MISSING = _Recovery()

@@ -179,7 +179,7 @@ class Node:
         """The client sent something: it is active."""
         conn.last_seen = self._now()
         conn.pinged = False
-        self.metrics.messages_in.inc()
+        self.metrics.messages_in += 1
 
     # -- client commands ----------------------------------------------------------------
 
