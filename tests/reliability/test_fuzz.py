@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +27,15 @@ from tests.reliability.helpers import report
 APP = AppConfig(id="1", key="agent-key", secret="agent-secret", enable_client_messages=True)
 SOCKET = "123.456"
 TRIED: Counter[str] = Counter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_counts() -> Iterator[None]:
+    """After the module: the number of generated inputs, for the README."""
+    yield
+    if TRIED:
+        report("fuzz", generated_inputs=sum(TRIED.values()), **dict(TRIED))
+
 
 scalars = (
     st.none()
@@ -255,10 +265,3 @@ def test_positions_parse_or_say_what_is_wrong(text: str) -> None:
         assert Position.parse(str(position)) == position
     else:
         assert "invalid position" in str(error)
-
-
-def test_zz_report_fuzz_counts() -> None:
-    """Runs last in this module: the number of generated inputs, for the README."""
-    total = sum(TRIED.values())
-    report("fuzz", generated_inputs=total, **dict(TRIED))
-    assert total > 0
