@@ -89,8 +89,14 @@ from broadcaster.backends.base import BackendUnavailable
 from broadcaster.node import Node
 from broadcaster.publication import Position
 from broadcaster.publishers import state_key
+from broadcaster.sessions import (
+    bearer_token,
+    private_session_exists,
+    session_token,
+    token_grants,
+)
 from broadcaster.settings import AppConfig
-from broadcaster.sse import HEARTBEAT, MEDIA_TYPE, ChannelFeed, FeedItem, session_token
+from broadcaster.sse import HEARTBEAT, MEDIA_TYPE, ChannelFeed, FeedItem
 
 __all__ = ["AGUI_PATH", "CONTINUATION_EVENT", "AguiMapper", "InvalidInput", "routes", "run_request"]
 
@@ -400,25 +406,17 @@ async def _run(host: Host, request: Request) -> Response:
 
 async def _refused(host: Host, request: Request, session_id: str) -> Response | None:
     """403 for a private session that exists, unless the request has its token."""
-    if not host.settings.private_sessions or _bearer(request) == session_token(
-        host.app, session_id
+    if not host.settings.private_sessions or token_grants(
+        host.app, bearer_token(request), session_id
     ):
         return None
-    app_id, backend = host.app.id, host.node.backend
-    stored = await backend.load_value(app_id, state_key(session_id))
-    channel = f"private-agent.{session_id}"
-    if stored is None and (await backend.position(app_id, channel)).offset == 0:
+    if not await private_session_exists(host.node, host.app, session_id):
         return None  # a new thread: its token comes back with the stream
     return _error(
         403,
         f"thread {session_id!r} is a private session: send its session token as "
         "'Authorization: Bearer <token>' (X-Session-Token of the run that started it)",
     )
-
-
-def _bearer(request: Request) -> str | None:
-    scheme, _, value = request.headers.get("authorization", "").partition(" ")
-    return value.strip() if scheme.lower() == "bearer" else None
 
 
 def _stream(host: Host, run_id: str, handle: RunHandle) -> Response:
@@ -438,7 +436,7 @@ def _stream(host: Host, run_id: str, handle: RunHandle) -> Response:
     feed = ChannelFeed(host.node, host.app, handle.channel, since)
 
     async def snapshot() -> Any:
-        stored = await host.node.backend.load_value(host.app.id, state_key(handle.session_id))
+        stored = await host.node.backend.load_value(host.app.id, state_key(handle.channel))
         return None if stored is None else orjson.loads(stored)
 
     heartbeat = host.node.settings.sse_heartbeat

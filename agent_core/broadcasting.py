@@ -146,6 +146,7 @@ class AgentEventAdapter:
         self.options = options or AdapterOptions()
         self.channel = channel or env.channel_for(session_id)
         self.failures = 0
+        self.finished = False
         self._final_state_hook = final_state
         self._final: AgentState | None = None
         self._lock = asyncio.Lock()
@@ -168,6 +169,17 @@ class AgentEventAdapter:
     def _capture_final(self, state: AgentState) -> AgentState:
         self._final = state
         return state
+
+    async def fail(self, message: str) -> None:
+        """Publish a final ``failed`` status for a run that ended without one (it
+        crashed outside the agent loop), unless the run already ended."""
+        if self.finished:
+            return
+        async with self._lock:
+            await self._flush_chunks(complete=False)
+            payload = env.StatusPayload(status="failed", error_message=message, stop_reason="error")
+            self.finished = True
+            await self._publish(env.AgentStatus(**self._ids(), payload=payload))
 
     async def aclose(self) -> None:
         """Publish held text and wait for timer flushes."""
@@ -316,6 +328,7 @@ class AgentEventAdapter:
             usage=_usage(event.usage),
             state_url=state_url,
         )
+        self.finished = True
         await self._status(event, payload)
 
     async def _store_final(self) -> str | None:

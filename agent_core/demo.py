@@ -21,11 +21,9 @@ Settings come from ``AGENT_DEMO_*`` environment variables (:class:`DemoSettings`
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from hashlib import sha256
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qsl
@@ -46,6 +44,14 @@ from broadcaster.backends import BackendUnavailable
 from broadcaster.extensions import ExtensionContext, ExtensionError
 from broadcaster.node import Node
 from broadcaster.publishers import BackendStateStore, InProcessPublisher, state_key
+from broadcaster.sessions import (
+    bearer_token,
+    private_channel,
+    private_session_exists,
+    public_channel,
+    session_token,
+    token_grants,
+)
 from broadcaster.settings import AppConfig
 from broadcaster.signing import channel_auth
 
@@ -74,15 +80,6 @@ class DemoSettings(BaseSettings):
     )
 
 
-def private_channel(session_id: str) -> str:
-    return f"private-agent.{session_id}"
-
-
-def session_token(app: AppConfig, session_id: str) -> str:
-    """The bearer token that lets a browser subscribe to its own private session."""
-    return hmac.new(app.secret.encode(), f"demo-session:{session_id}".encode(), sha256).hexdigest()
-
-
 def _driver_factory(settings: DemoSettings) -> DriverFactory | None:
     if settings.driver == "scripted":
         return None
@@ -100,7 +97,7 @@ class _Demo:
 
     @property
     def channel_for_session(self) -> Callable[[str], str]:
-        return private_channel if self.settings.private_sessions else _public
+        return private_channel if self.settings.private_sessions else public_channel
 
     async def _position(self, channel: str) -> str | None:
         return str(await self.node.backend.position(self.app.id, channel))
@@ -137,8 +134,8 @@ class _Demo:
     def _local(self) -> RunManager:
         backend, app_id = self.node.backend, self.app.id
 
-        async def load(session_id: str) -> bytes | None:
-            return await backend.load_value(app_id, state_key(session_id))
+        async def load(channel: str) -> bytes | None:
+            return await backend.load_value(app_id, state_key(channel))
 
         manager = RunManager(
             publisher=InProcessPublisher(self.node, app_id),
@@ -151,10 +148,6 @@ class _Demo:
         if factory is not None:
             manager.driver_factory = factory
         return manager
-
-
-def _public(session_id: str) -> str:
-    return f"agent.{session_id}"
 
 
 def install(ctx: ExtensionContext) -> None:
@@ -222,6 +215,9 @@ def _run(demo: _Demo) -> Any:
             return _error(422, _describe(exc), details=orjson.loads(orjson.dumps(details)))
         assert demo.runs is not None, "the lifespan starts the run manager"
         try:
+            refused = await _private_refusal(demo, request, run_request.session_id)
+            if refused is not None:
+                return refused
             handle = await demo.runs.start(run_request)
         except SessionBusy as exc:
             return _error(409, str(exc), session_id=exc.session_id)
@@ -242,6 +238,24 @@ def _run(demo: _Demo) -> Any:
     return run
 
 
+async def _private_refusal(
+    demo: _Demo, request: Request, session_id: str | None
+) -> Response | None:
+    """403 for a run on an existing private session without its token: the answer
+    would hand out the token of someone else's session."""
+    if not demo.settings.private_sessions or session_id is None:
+        return None
+    if token_grants(demo.app, bearer_token(request), session_id):
+        return None
+    if not await private_session_exists(demo.node, demo.app, session_id):
+        return None
+    return _error(
+        403,
+        f"session {session_id!r} is a private session: send its session token as "
+        "'Authorization: Bearer <token>' to start another run on it",
+    )
+
+
 def _describe(exc: ValidationError) -> str:
     first = exc.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "body"
@@ -259,8 +273,7 @@ def _auth(demo: _Demo) -> Any:
         session_id = channel.removeprefix("private-agent.")
         if not channel.startswith("private-agent.") or not session_id:
             return _error(403, f"{channel!r} is not a private agent session channel")
-        expected = session_token(demo.app, session_id)
-        if not token or not hmac.compare_digest(token, expected):
+        if not token_grants(demo.app, token, session_id):
             return _error(403, f"the session token does not grant {channel!r}")
         return JSONResponse(
             {"auth": channel_auth(demo.app.key, demo.app.secret, socket_id, channel)}

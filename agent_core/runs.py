@@ -155,7 +155,8 @@ class RunManager:
         state_store: where final snapshots go (read back by the reconcile endpoint).
         driver_factory: the model driver of a run (default: the scripted demo).
         state_url: the reconcile URL of a session, put into the final ``agent.status``.
-        load_snapshot: reads a session's stored snapshot (to continue a conversation).
+        load_snapshot: reads the snapshot stored for a channel (to continue a
+            conversation).
         channel_for_session: the channel of a session (``agent.<s>`` or a private one).
         position_of: reads a channel's current position (for :attr:`RunHandle.position`).
         max_runs: concurrent runs allowed (further ones are refused as busy).
@@ -229,7 +230,7 @@ class RunManager:
             handle.session_id,
             handle.execution_id,
             options=options,
-            final_state=lambda state: self._store(handle.session_id, state),
+            final_state=lambda state: self._store(handle, state),
             channel=handle.channel,
         )
         driver = self.driver_factory(request.input)
@@ -239,24 +240,26 @@ class RunManager:
             AgentBuilder().with_driver(driver).with_tools(*demo_tools())
         ).build()
         try:
-            start = await self._start_state(handle.session_id, request.input)
+            start = await self._start_state(handle.channel, request.input)
             return await agent.run(start)
-        except Exception:
+        except Exception as exc:
             logger.exception("run %s of session %s crashed", handle.execution_id, handle.session_id)
+            # Whoever follows the run must not wait for a final status forever.
+            await adapter.fail(f"the run crashed: {type(exc).__name__}: {exc}")
             return None
         finally:
             await adapter.aclose()
 
-    async def _start_state(self, session_id: str, text: str) -> AgentState | str:
+    async def _start_state(self, channel: str, text: str) -> AgentState | str:
         """Continue the session's stored conversation, or start a new one."""
         if self.load_snapshot is None:
             return text
-        stored = await self.load_snapshot(session_id)
+        stored = await self.load_snapshot(channel)
         if stored is None:
             return text
         return self._serializer.deserialize(orjson.loads(stored)).with_user_message(text)
 
-    async def _store(self, session_id: str, state: AgentState) -> str:
+    async def _store(self, handle: RunHandle, state: AgentState) -> str:
         snapshot = self._serializer.serialize(state)
-        await self.state_store.save(session_id, orjson.dumps(snapshot))
-        return self.state_url(session_id)
+        await self.state_store.save(handle.channel, orjson.dumps(snapshot))
+        return self.state_url(handle.session_id)

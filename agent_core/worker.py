@@ -168,8 +168,8 @@ class Worker:
             load_snapshot=self._load_snapshot,
         )
 
-    async def _load_snapshot(self, session_id: str) -> bytes | None:
-        key = value_key(self.prefix, self.app_id, state_key(session_id))
+    async def _load_snapshot(self, channel: str) -> bytes | None:
+        key = value_key(self.prefix, self.app_id, state_key(channel))
         value: Any = await self.redis.get(key)
         return value if value is None or isinstance(value, bytes) else value.encode()
 

@@ -380,16 +380,18 @@ class RedisPublisher(BufferedPublisher):
                 raise PublishError(f"cannot publish through Redis: {exc}", retryable=True) from exc
 
 
-def state_key(session_id: str) -> str:
-    """The stored-value key of a session's final state."""
-    return f"state:{session_id}"
+def state_key(channel: str) -> str:
+    """The stored-value key of the final state of the session publishing on
+    ``channel``. Keyed by channel, so a private session's state is only served to
+    whoever may see ``private-agent.<id>`` (see :mod:`broadcaster.sessions`)."""
+    return f"state:{channel}"
 
 
 class StateStore(Protocol):
     """Keeps sessions' final slim snapshots for the reconcile endpoint."""
 
-    async def save(self, session_id: str, snapshot: bytes) -> None:
-        """Store (replace) the session's snapshot (JSON bytes)."""
+    async def save(self, channel: str, snapshot: bytes) -> None:
+        """Store (replace) the snapshot (JSON bytes) of the session on ``channel``."""
         ...
 
 
@@ -401,8 +403,8 @@ class BackendStateStore:
         self._app_id = app_id
         self._ttl = ttl
 
-    async def save(self, session_id: str, snapshot: bytes) -> None:
-        await self._backend.store_value(self._app_id, state_key(session_id), snapshot, self._ttl)
+    async def save(self, channel: str, snapshot: bytes) -> None:
+        await self._backend.store_value(self._app_id, state_key(channel), snapshot, self._ttl)
 
 
 class RedisStateStore:
@@ -418,10 +420,10 @@ class RedisStateStore:
         self._prefix = prefix or DEFAULT_PREFIX
         self._ttl = ttl
 
-    async def save(self, session_id: str, snapshot: bytes) -> None:
+    async def save(self, channel: str, snapshot: bytes) -> None:
         from broadcaster.backends.redis import store_value_via_redis
 
-        key = state_key(session_id)
+        key = state_key(channel)
         await store_value_via_redis(
             self._client, self._prefix, self._app_id, key, snapshot, self._ttl
         )

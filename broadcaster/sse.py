@@ -43,13 +43,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import re
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from hashlib import sha256
 from types import TracebackType
 from typing import Any
 
@@ -73,8 +71,10 @@ from broadcaster.exceptions import ProtocolError
 from broadcaster.node import Node
 from broadcaster.publication import Position
 from broadcaster.publishers import state_key
+from broadcaster.sessions import STREAM_SOCKET_ID, request_app, session_channel
+from broadcaster.sessions import SessionRefused as _Refused
 from broadcaster.settings import AppConfig
-from broadcaster.signing import channel_auth, verify_channel_auth
+from broadcaster.signing import verify_channel_auth
 
 __all__ = [
     "HEARTBEAT",
@@ -86,47 +86,17 @@ __all__ = [
     "decode",
     "encode_event",
     "routes",
-    "session_token",
-    "stream_auth",
 ]
 
 log = logging.getLogger("broadcaster.sse")
 
 MEDIA_TYPE = "text/event-stream"
 HEARTBEAT = b": ping\n\n"
-SSE_SOCKET_ID = "sse"
+SSE_SOCKET_ID = STREAM_SOCKET_ID
 """The socket id an SSE ``auth`` is signed for (never a real one: those are digits)."""
 
-_SESSION_ID = re.compile(r"^[A-Za-z0-9_\-=@,.;]{1,128}$")
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-# -- authorization --------------------------------------------------------------------
-
-
-def stream_auth(app_key: str, app_secret: str, channel: str) -> str:
-    """The ``auth`` query value that opens an SSE stream of private ``channel``:
-    ``"<app_key>:<hex HMAC-SHA256 of 'sse:<channel>'>"``."""
-    return channel_auth(app_key, app_secret, SSE_SOCKET_ID, channel)
-
-
-def session_token(app: AppConfig, session_id: str) -> str:
-    """The bearer token of one private session: hex HMAC-SHA256 of
-    ``demo-session:<session_id>`` under the app secret (the token ``POST /run`` hands
-    out with private sessions)."""
-    message = f"demo-session:{session_id}".encode()
-    return hmac.new(app.secret.encode(), message, sha256).hexdigest()
-
-
-def _auth_ok(app: AppConfig, auth: str | None, channel: str) -> bool:
-    return verify_channel_auth(app.key, app.secret, auth, SSE_SOCKET_ID, channel)
-
-
-def _token_ok(app: AppConfig, token: str | None, session_id: str) -> bool:
-    return bool(token) and hmac.compare_digest(
-        str(token).encode(), session_token(app, session_id).encode()
-    )
 
 
 # -- wire format (sans I/O) -----------------------------------------------------------
@@ -363,12 +333,6 @@ async def _events(feed: ChannelFeed, heartbeat: float) -> AsyncIterator[bytes]:
 # -- routes ---------------------------------------------------------------------------
 
 
-class _Refused(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 def routes(node: Node) -> list[BaseRoute]:
     """The SSE routes served by ``node`` (heartbeat: ``settings.sse_heartbeat``)."""
     heartbeat = node.settings.sse_heartbeat
@@ -395,16 +359,6 @@ def routes(node: Node) -> list[BaseRoute]:
     ]
 
 
-def _app(node: Node, request: Request) -> AppConfig:
-    app_id = request.query_params.get("app_id") or node.apps[0].id
-    app = node.app_by_id(app_id)
-    if app is None:
-        raise _Refused(404, f"unknown app {app_id!r}")
-    if not app.enabled:
-        raise _Refused(403, f"app {app_id!r} is disabled")
-    return app
-
-
 def _since(request: Request) -> Position | None:
     text = request.headers.get("last-event-id") or request.query_params.get("since")
     if not text:
@@ -415,49 +369,21 @@ def _since(request: Request) -> Position | None:
         raise _Refused(400, f"Last-Event-ID / since: {exc}") from None
 
 
-def _bearer(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
-    scheme, _, value = header.partition(" ")
-    if scheme.lower() == "bearer" and value.strip():
-        return value.strip()
-    return request.query_params.get("token")
-
-
 async def _session_stream(node: Node, request: Request) -> tuple[AppConfig, str, Position | None]:
     session_id = request.path_params["session_id"]
-    if not _SESSION_ID.match(session_id):
-        raise _Refused(400, f"invalid session id {session_id!r}: {_SESSION_ID.pattern}")
-    app = _app(node, request)
+    app = request_app(node, request)
     since = _since(request)
-    channel = await _session_channel(node, app, request, session_id)
+    channel = await session_channel(node, app, request, session_id)
     latest = await node.backend.position(app.id, channel)
     if latest.offset > 0 or (since is not None and since.epoch == latest.epoch):
         return app, channel, since
-    if await node.backend.load_value(app.id, state_key(session_id)) is None:
+    if await node.backend.load_value(app.id, state_key(channel)) is None:
         raise _Refused(
             404,
             f"unknown session {session_id!r}: no events, no stored state and no "
             "position handed out for it (start a run first)",
         )
     return app, channel, since
-
-
-async def _session_channel(node: Node, app: AppConfig, request: Request, session_id: str) -> str:
-    """``private-agent.<id>`` for a request with a token or auth (checked), else
-    ``agent.<id>`` unless the session is private (403)."""
-    private = f"private-agent.{session_id}"
-    token, auth = _bearer(request), request.query_params.get("auth")
-    if token is not None or auth is not None:
-        if _token_ok(app, token, session_id) or _auth_ok(app, auth, private):
-            return private
-        raise _Refused(403, f"the token or auth given does not grant session {session_id!r}")
-    if (await node.backend.position(app.id, private)).offset > 0:
-        raise _Refused(
-            403,
-            f"session {session_id!r} is private: pass ?token=<session token> "
-            "(or Authorization: Bearer <token>) or ?auth=<signature of the channel>",
-        )
-    return f"agent.{session_id}"
 
 
 def _channel_stream(node: Node, request: Request) -> tuple[AppConfig, str, Position | None]:
@@ -471,11 +397,11 @@ def _channel_stream(node: Node, request: Request) -> tuple[AppConfig, str, Posit
             f"{channel!r} needs a WebSocket connection (presence membership or sign-in); "
             "SSE serves public and private channels",
         )
-    app = _app(node, request)
+    app = request_app(node, request)
     since = _since(request)
     if channel_kind(channel) is ChannelKind.PRIVATE:
         auth = request.query_params.get("auth")
-        if not _auth_ok(app, auth, channel):
+        if not verify_channel_auth(app.key, app.secret, auth, SSE_SOCKET_ID, channel):
             what = "missing" if not auth else "invalid"
             raise _Refused(
                 403,

@@ -206,7 +206,10 @@ function onResume(run, result) {
 
 async function fetchSnapshot(run, url) {
   const target = url || `/api/sessions/${encodeURIComponent(run.sessionId)}/state`;
-  const response = await fetch(target, { headers: { Accept: "application/json" } });
+  const headers = { Accept: "application/json" };
+  // A private session's state is served only to the holder of its token.
+  if (app.auth?.token) headers.Authorization = `Bearer ${app.auth.token}`;
+  const response = await fetch(target, { headers });
   const body = await response.json().catch(() => null);
   if (!response.ok) {
     const reason = body?.error || body?.message || `HTTP ${response.status}`;

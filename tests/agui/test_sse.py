@@ -16,14 +16,13 @@ from broadcaster._frames import Outgoing
 from broadcaster.connection import Delivery
 from broadcaster.envelope import json_schema
 from broadcaster.publication import Position
+from broadcaster.sessions import session_token, stream_auth
 from broadcaster.settings import AppConfig
 from broadcaster.sse import (
     FeedConnection,
     FeedItem,
     decode,
     encode_event,
-    session_token,
-    stream_auth,
 )
 from tests.agui.conftest import SseEvent, is_final, read_until_final, sse
 from tests.server.conftest import KEY, SECRET, Client, LiveServer, StartServer
@@ -39,10 +38,11 @@ def offsets(events: list[SseEvent]) -> list[int]:
     return [Position.parse(e.id or "").offset for e in events]
 
 
-async def wait_until_stored(live: LiveServer, state_url: str) -> None:
+async def wait_until_stored(live: LiveServer, state_url: str, token: str | None = None) -> None:
+    params = {} if token is None else {"token": token}
     async with httpx.AsyncClient() as http:
         for _ in range(500):
-            if (await http.get(f"{live.url}{state_url}")).status_code == 200:
+            if (await http.get(f"{live.url}{state_url}", params=params)).status_code == 200:
                 return
             await asyncio.sleep(0.02)
     raise TimeoutError("the run did not finish")
@@ -233,7 +233,7 @@ async def test_a_private_session_needs_its_token(
     monkeypatch.setenv("AGENT_DEMO_PRIVATE_SESSIONS", "true")
     live = await start_server(demo=True)
     run = await start_run(live.url)
-    await wait_until_stored(live, run["state_url"])
+    await wait_until_stored(live, run["state_url"], run["auth"]["token"])
     url = f"{live.url}/api/sessions/{run['session_id']}/events"
     async with httpx.AsyncClient() as http:
         anonymous = await http.get(url)

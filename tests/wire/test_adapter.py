@@ -278,3 +278,25 @@ async def test_timer_tasks_do_not_leak() -> None:
     await run(PacedDriver(demo_driver(QUESTION), 0.001))
     leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
     assert leftover == []
+
+
+async def test_a_crashing_run_still_ends_with_a_failed_status() -> None:
+    """A run that dies outside the agent loop (here: its stored conversation cannot be
+    read) must not leave its followers waiting for a final status."""
+    from agent_core.runs import RunManager, RunRequest
+
+    class NoStore:
+        async def save(self, channel: str, snapshot: bytes) -> None:
+            return None
+
+    async def unreadable(channel: str) -> bytes:
+        return b"{not json"
+
+    publisher = RecordingPublisher()
+    manager = RunManager(publisher=publisher, state_store=NoStore(), load_snapshot=unreadable)
+    handle = await manager.start(RunRequest(input="hi"))
+    assert await manager.wait(handle.session_id) is None
+    final = publisher.envelopes()[-1]
+    assert final.type == "agent.status"
+    assert final.payload.status == "failed"  # type: ignore[union-attr]
+    assert "the run crashed" in (final.payload.error_message or "")  # type: ignore[union-attr]

@@ -95,3 +95,45 @@ async def test_auth_endpoint_rejects_bad_requests(
         response = await http.post(f"{private_demo.url}/broadcasting/auth", data=fields)
     assert response.status_code == status
     assert response.json()["error"]
+
+
+async def test_a_private_sessions_state_needs_its_token(
+    private_demo: LiveServer, clients: Connect
+) -> None:
+    run = await start_run(private_demo.url)
+    client = await clients(private_demo.app_url())
+    granted = await authorise(private_demo, client.socket_id, run["channel"], run["auth"]["token"])
+    await client.subscribe(run["channel"], auth=granted.json()["auth"], position=run["position"])
+    await read_run(client)
+    url = f"{private_demo.url}{run['state_url']}"
+    async with httpx.AsyncClient() as http:
+        anonymous = await http.get(url)
+        forged = await http.get(url, headers={"Authorization": "Bearer " + "0" * 64})
+        owner = await http.get(url, headers={"Authorization": f"Bearer {run['auth']['token']}"})
+    assert anonymous.status_code == 403
+    assert "is private" in anonymous.json()["error"]
+    assert forged.status_code == 403
+    assert owner.status_code == 200
+    assert owner.json()["status"] == "completed"
+
+
+async def test_a_run_on_someone_elses_private_session_needs_its_token(
+    private_demo: LiveServer, clients: Connect
+) -> None:
+    """Otherwise the 202 answer would hand out that session's token."""
+    run = await start_run(private_demo.url)
+    client = await clients(private_demo.app_url())
+    granted = await authorise(private_demo, client.socket_id, run["channel"], run["auth"]["token"])
+    await client.subscribe(run["channel"], auth=granted.json()["auth"], position=run["position"])
+    await read_run(client)
+    body = {"input": "mine now?", "session_id": run["session_id"]}
+    async with httpx.AsyncClient() as http:
+        stranger = await http.post(f"{private_demo.url}/run", json=body)
+        owner = await http.post(
+            f"{private_demo.url}/run",
+            json=body,
+            headers={"Authorization": f"Bearer {run['auth']['token']}"},
+        )
+    assert stranger.status_code == 403
+    assert "token" not in stranger.json()
+    assert owner.status_code == 202
