@@ -392,9 +392,14 @@ async def idle(ctx: Ctx) -> Result:
 
 
 async def http(ctx: Ctx) -> Result:
-    """Single and batch publishing; one result with both halves."""
-    single = await _http_half(ctx, 0)
-    batch = await _http_half(ctx, ctx.sizes.http_batch)
+    """Single and batch publishing; one result with both halves (one profile for both)."""
+    spy = None if ctx.profile is None else await start_profiler(ctx.server.pid, ctx.profile)
+    try:
+        single = await _http_half(ctx, 0)
+        batch = await _http_half(ctx, ctx.sizes.http_batch)
+    finally:
+        if spy is not None:
+            await stop_profiler(spy)
     result: Result = {"server": ctx.spec.name, "scenario": "http"}
     for prefix, half in (("single", single), ("batch", batch)):
         result |= {f"{prefix}_{k}": v for k, v in half.items()}

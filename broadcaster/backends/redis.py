@@ -38,6 +38,7 @@ import re
 import secrets
 from collections import deque
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -46,7 +47,7 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection, Connection, parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import AuthenticationError, RedisError, ResponseError
+from redis.exceptions import AuthenticationError, NoScriptError, RedisError, ResponseError
 
 from broadcaster.backends import _lua
 from broadcaster.backends.base import (
@@ -83,6 +84,17 @@ FORMAT_VERSION = 1
 log = logging.getLogger(__name__)
 
 _ERRORS = (RedisError, OSError)
+
+
+@dataclass(frozen=True, slots=True)
+class _Outgoing:
+    """A publication waiting for this tick's pipeline, and its caller's future."""
+
+    publication: Publication
+    history: bool
+    done: asyncio.Future[Position | None]
+
+
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -169,15 +181,36 @@ async def publish_via_redis(
     Raises:
         redis.exceptions.RedisError: from the client.
     """
+    if not history:
+        p = publication
+        await client.publish(
+            publication_channel(prefix, p.app_id, p.channel), encode_publication(p)
+        )
+        return None
+    keys, args = _publish_script_args(
+        prefix, publication, history_size, history_ttl, history_meta_ttl
+    )
+    return _position(await _lua.PUBLISH.run(client, keys, args))
+
+
+def _publish_script_args(
+    prefix: str,
+    publication: Publication,
+    history_size: int,
+    history_ttl: float,
+    history_meta_ttl: float,
+) -> tuple[tuple[str, str], tuple[str | int | bytes, ...]]:
+    """``KEYS`` and ``ARGV`` of :data:`broadcaster.backends._lua.PUBLISH`."""
     p = publication
     name = publication_channel(prefix, p.app_id, p.channel)
     payload = encode_publication(p)
-    if not history:
-        await client.publish(name, payload)
-        return None
     keys = (f"{prefix}:{p.app_id}:meta:{p.channel}", f"{prefix}:{p.app_id}:stream:{p.channel}")
     args = (name, payload[:-1], history_size, _ms(history_ttl), _ms(history_meta_ttl))
-    offset, epoch = await _lua.PUBLISH.run(client, keys, (*args, new_epoch()))
+    return keys, (*args, new_epoch())
+
+
+def _position(reply: Any) -> Position:
+    offset, epoch = reply
     return Position(int(offset), _text(epoch))
 
 
@@ -290,6 +323,8 @@ class RedisBackend:
         self._counts: dict[str, dict[str, int]] = {}
         self._counts_dirty = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._outbox: list[_Outgoing] = []  # publications of this tick, not sent yet
+        self._sending: set[asyncio.Task[None]] = set()
 
     @property
     def node_id(self) -> str:
@@ -340,6 +375,8 @@ class RedisBackend:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        if self._sending:  # publications already accepted still go out
+            await asyncio.gather(*self._sending, return_exceptions=True)
         with contextlib.suppress(*_ERRORS):
             await self._withdraw()
         self._channels.clear()
@@ -372,23 +409,96 @@ class RedisBackend:
     async def publish(self, publication: Publication, *, history: bool = True) -> Position | None:
         """See :meth:`broadcaster.backends.base.Backend.publish`.
 
+        The publications of one event-loop tick (a batch of the HTTP API, an event on
+        several channels, concurrent requests) go to Redis in one pipeline, one round
+        trip, in the order of the calls.
+
         Raises:
             BackendUnavailable: Redis is unreachable (nothing was published) or a
                 command timed out (the publication may or may not have gone out).
         """
         self._check_ready()
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Position | None] = loop.create_future()
+        self._outbox.append(_Outgoing(publication, history, done))
+        if len(self._outbox) == 1:
+            loop.call_soon(self._send_outbox)
+        return await done
+
+    def _send_outbox(self) -> None:
+        batch, self._outbox = self._outbox, []
+        task = asyncio.get_running_loop().create_task(self._publish_batch(batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _publish_batch(self, batch: list[_Outgoing]) -> None:
         try:
-            return await publish_via_redis(
-                self._client,
-                self.prefix,
-                publication,
-                history,
-                history_size=self.history_size,
-                history_ttl=self.history_ttl,
-                history_meta_ttl=self.history_meta_ttl,
-            )
+            if len(batch) == 1:
+                one = batch[0]
+                results: list[Any] = [
+                    await publish_via_redis(
+                        self._client,
+                        self.prefix,
+                        one.publication,
+                        one.history,
+                        history_size=self.history_size,
+                        history_ttl=self.history_ttl,
+                        history_meta_ttl=self.history_meta_ttl,
+                    )
+                ]
+            else:
+                results = await self._pipeline(batch)
         except _ERRORS as exc:
-            raise self._failed("publish", exc) from exc
+            results = [exc] * len(batch)
+        for item, result in zip(batch, results, strict=True):
+            if item.done.done():
+                continue  # the caller was cancelled
+            if isinstance(result, BaseException):
+                error = self._failed("publish", result)
+                error.__cause__ = result
+                item.done.set_exception(error)
+            else:
+                item.done.set_result(result)
+
+    async def _pipeline(self, batch: list[_Outgoing]) -> list[Any]:
+        """Publish ``batch`` in one round trip; a result (position or None) or the
+        error per publication."""
+        script = _lua.PUBLISH
+        calls: list[tuple[tuple[str, str], tuple[str | int | bytes, ...]] | None] = []
+        mixed = len({item.history for item in batch}) > 1
+        async with self._client.pipeline(transaction=False) as pipe:
+            if mixed:
+                # A Redis without the script would run the plain PUBLISHes at once and
+                # the scripted ones only when sent again: load it first to keep order.
+                pipe.script_load(script.source)
+            for item in batch:
+                p = item.publication
+                if item.history:
+                    keys, args = _publish_script_args(
+                        self.prefix, p, self.history_size, self.history_ttl, self.history_meta_ttl
+                    )
+                    calls.append((keys, args))
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                else:
+                    calls.append(None)
+                    pipe.publish(
+                        publication_channel(self.prefix, p.app_id, p.channel), encode_publication(p)
+                    )
+            replies = await pipe.execute(raise_on_error=False)
+        if mixed:
+            replies = replies[1:]
+        results: list[Any] = []
+        for call, reply in zip(calls, replies, strict=True):
+            if call is not None and isinstance(reply, NoScriptError):  # a restarted Redis
+                try:
+                    reply = await self._client.eval(script.source, len(call[0]), *call[0], *call[1])
+                except _ERRORS as exc:
+                    reply = exc
+            if isinstance(reply, BaseException) or call is None:
+                results.append(reply if isinstance(reply, BaseException) else None)
+            else:
+                results.append(_position(reply))
+        return results
 
     async def store_value(self, app_id: str, key: str, value: bytes, ttl: float) -> None:
         """See :meth:`broadcaster.backends.base.Backend.store_value`."""

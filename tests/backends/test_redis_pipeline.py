@@ -1,0 +1,65 @@
+"""The Redis backend sends the publications of one event-loop tick in one pipeline:
+in call order, each caller gets its own position or error, and a Redis that forgot the
+publish script (restarted, flushed) is handled within the pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from broadcaster.backends.redis import RedisBackend
+from broadcaster.publication import Position, Publication
+from tests.backends.helpers import APP, Node
+from tests.support import RedisServer
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+async def node(redis_server: RedisServer) -> AsyncIterator[Node]:
+    backend = RedisBackend(redis_server.url, prefix=f"test-{uuid.uuid4().hex[:12]}", apps=(APP,))
+    started = Node(backend)
+    await backend.start(started.on_publication, started.on_control)
+    yield started
+    await backend.stop()
+
+
+def pub(channel: str, n: int) -> Publication:
+    return Publication(APP, channel, "agent.event", str(n))
+
+
+async def test_publications_of_one_tick_keep_their_order_and_get_their_positions(
+    node: Node, redis_server: RedisServer
+) -> None:
+    """Also on a Redis that does not know the publish script yet."""
+    async with Redis.from_url(redis_server.url) as admin:
+        await admin.script_flush()
+    await node.backend.subscribe(APP, "a")
+    await node.backend.subscribe(APP, "b")
+    calls = [node.backend.publish(pub("a" if n % 3 else "b", n)) for n in range(30)]
+    calls.append(node.backend.publish(pub("a", 99), history=False))
+    positions = await asyncio.gather(*calls)
+    await node.wait_for("a", 21)
+    await node.wait_for("b", 10)
+    assert [p.data for p in node.on("a")] == [str(n) for n in range(30) if n % 3] + ["99"]
+    assert [p.data for p in node.on("b")] == [str(n) for n in range(0, 30, 3)]
+    a_offsets = [p.offset for p in positions[:30] if isinstance(p, Position)]
+    assert sorted(a_offsets) == sorted([*range(1, 21), *range(1, 11)])
+    assert positions[30] is None  # not kept in history
+    assert [p.position for p in node.on("a")[:20]] == [positions[n] for n in range(30) if n % 3]
+
+
+async def test_a_redis_without_the_publish_script_still_publishes_a_pipeline(
+    node: Node, redis_server: RedisServer
+) -> None:
+    await node.backend.subscribe(APP, "c")
+    async with Redis.from_url(redis_server.url) as admin:
+        await admin.script_flush()
+    positions = await asyncio.gather(*(node.backend.publish(pub("c", n)) for n in range(5)))
+    assert [p.offset for p in positions if p is not None] == [1, 2, 3, 4, 5]
+    await node.wait_for("c", 5)
+    assert [p.data for p in node.on("c")] == ["0", "1", "2", "3", "4"]
