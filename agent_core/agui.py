@@ -27,7 +27,8 @@ envelope                               AG-UI events
                                        ``TEXT_MESSAGE_CONTENT``, ``TEXT_MESSAGE_END``
                                        (``is_complete``, or before a tool call / step end)
 ``agent.tool.started``                 ``TOOL_CALL_START`` (the real ``tool_call_id``),
-                                       ``TOOL_CALL_ARGS`` (the argument summary),
+                                       ``TOOL_CALL_ARGS`` (the arguments as JSON;
+                                       none when the publisher redacts them),
                                        ``TOOL_CALL_END``
 ``agent.tool.completed``               ``TOOL_CALL_RESULT`` (result summary, or the
                                        error; metadata: success, duration_ms)
@@ -300,10 +301,9 @@ class AguiMapper:
                 timestamp=at,
             )
         )
-        if payload.args_summary:
-            events.append(
-                ToolCallArgsEvent(tool_call_id=call, delta=payload.args_summary, timestamp=at)
-            )
+        if payload.arguments is not None:  # None: the publisher redacts arguments
+            arguments = orjson.dumps(payload.arguments, default=str).decode()
+            events.append(ToolCallArgsEvent(tool_call_id=call, delta=arguments, timestamp=at))
         events.append(ToolCallEndEvent(tool_call_id=call, timestamp=at))
         return events
 

@@ -234,6 +234,7 @@ class AgentEventAdapter:
             tool_call_id=event.tool_call_id,
             args_summary=self._args(event.args),
             step_number=event.step_number or None,
+            arguments=None if self.options.redact_tool_args else dict(event.args),
         )
         await self._emit(env.ToolStarted, event, payload)
 

@@ -48,7 +48,8 @@ __all__ = [
     "utc_timestamp",
 ]
 
-SCHEMA_VERSION = "1.0.0"
+SCHEMA_VERSION = "1.1.0"
+"""1.1.0 added ``agent.tool.started`` ``arguments`` (optional, additive)."""
 SCHEMA_FILE = "schemas/agent-envelope.v1.schema.json"
 _TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 
@@ -135,6 +136,10 @@ class ToolStartedPayload(_Model):
     tool_call_id: str = Field(min_length=1)
     args_summary: str = ""
     step_number: int | None = Field(default=None, ge=1)
+    arguments: dict[str, Any] | None = Field(
+        default=None,
+        description="The call's full arguments; null when the publisher redacts them.",
+    )
 
 
 class ToolCompletedPayload(_Model):

@@ -226,7 +226,13 @@ def test_text_before_a_tool_call_is_closed_and_parents_the_call() -> None:
         (env.StreamChunk, {"chunk": "Let me check", "step_number": 1}),
         (
             env.ToolStarted,
-            {"tool_name": "t", "tool_call_id": "c1", "args_summary": "a: 1", "step_number": 1},
+            {
+                "tool_name": "t",
+                "tool_call_id": "c1",
+                "args_summary": "a: 1",
+                "arguments": {"a": 1},
+                "step_number": 1,
+            },
         ),
         (
             env.ToolCompleted,
@@ -255,9 +261,24 @@ def test_text_before_a_tool_call_is_closed_and_parents_the_call() -> None:
         "STEP_FINISHED",
     ]
     assert out[5].parent_message_id == out[2].message_id
-    assert out[6].delta == "a: 1"
+    assert out[6].delta == '{"a":1}', "the arguments as JSON, not the summary"
     assert out[8].content == "error: boom"
     assert out[8].metadata == {"success": False, "duration_ms": 1.0, "error": "boom"}
+
+
+def test_redacted_arguments_send_no_tool_call_args() -> None:
+    mapper = AguiMapper("s", "r")
+    out: list[Any] = []
+    for envelope in envelopes(
+        (env.AgentStatus, {"status": "in_progress"}),
+        (env.StepStarted, {"step_number": 1}),
+        (
+            env.ToolStarted,
+            {"tool_name": "t", "tool_call_id": "c1", "args_summary": "a: [redacted]"},
+        ),
+    ):
+        out += mapper.feed(envelope)
+    assert kinds(out)[-2:] == ["TOOL_CALL_START", "TOOL_CALL_END"]
 
 
 def test_a_finished_run_closes_what_is_open_before_run_finished() -> None:

@@ -88,6 +88,14 @@ async def test_the_official_client_accepts_the_run_and_sees_the_websocket_run(
         for c in m.get("toolCalls", [])
     ]
     assert built_calls == ws_calls
+    built_arguments = [
+        json.loads(c["function"]["arguments"])
+        for m in built
+        if m["role"] == "assistant"
+        for c in m.get("toolCalls", [])
+    ]
+    assert built_arguments == [p["arguments"] for _, k, p in envelopes if k == "agent.tool.started"]
+    assert built_arguments[0] == {"city": "Lima"}
     results = {m["toolCallId"]: m["content"] for m in built if m["role"] == "tool"}
     assert results == {
         p["tool_call_id"]: p["result_summary"]
