@@ -35,6 +35,8 @@ Code   Name                       Closes  When
 4306   INVALID_CHANNEL_DATA       no      presence ``channel_data`` is not a JSON object with
                                           a ``user_id``, or is too large
 4307   PRESENCE_MEMBER_LIMIT      no      the presence channel has ``max_presence_members``
+4308   TOO_MANY_CHANNELS          no      the connection already has
+                                          ``max_channels_per_connection`` subscriptions
 4009   SUBSCRIPTION_UNAUTHORIZED  no      the ``auth`` of a private or presence subscription
                                           is missing or wrong: 4009 as Reverb answers it, but
                                           sent as ``pusher:subscription_error`` on the channel
@@ -75,6 +77,7 @@ class ErrorCode(IntEnum):
     CLIENT_EVENT_REJECTED = 4305
     INVALID_CHANNEL_DATA = 4306
     PRESENCE_MEMBER_LIMIT = 4307
+    TOO_MANY_CHANNELS = 4308
     SUBSCRIPTION_UNAUTHORIZED = 4009  # an alias of UNAUTHORIZED; raised with close=False
 
     @property

@@ -195,6 +195,15 @@ class Node:
         if channel in conn.channels:
             await self._succeeded(conn, channel, command.member is not None)
             return
+        limit = conn.app.max_channels_per_connection
+        if len(conn.channels) >= limit:
+            raise ProtocolError(
+                ErrorCode.TOO_MANY_CHANNELS,
+                f"this connection already has {limit} subscriptions (the app's "
+                "max_channels_per_connection); unsubscribe from one first",
+                channel=channel,
+                close=False,
+            )
         member = command.member
         if member is not None:
             await self._check_presence_room(conn.app, channel, member.user_id)

@@ -39,6 +39,8 @@ class AppConfig(BaseModel):
     max_message_size: Annotated[int, Field(ge=128)] = 10_240
     client_event_rate_limit: Annotated[int, Field(ge=1)] = 10
     max_presence_members: Annotated[int, Field(ge=1)] = 100
+    # Centrifugo's default; bounds what one connection can make a node hold.
+    max_channels_per_connection: Annotated[int, Field(ge=1)] = 128
     # Bytes of a presence member's channel_data (user_id plus user_info).
     max_presence_member_size: Annotated[int, Field(ge=64)] = 2_048
     # HTTP API limits, Pusher's defaults: channels per event, events per batch,

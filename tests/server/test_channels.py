@@ -253,3 +253,24 @@ async def test_server_to_user_channel_is_only_for_that_signed_in_user(
     answer = await client.subscribe("#server-to-user-u1")
     assert answer["event"] == "pusher_internal:subscription_succeeded"
     assert (await client.subscribe("#server-to-user-u2"))["data"]["code"] == 4009
+
+
+async def test_a_connection_has_at_most_max_channels_per_connection(
+    start_server: StartServer, clients: Callable[..., Awaitable[Client]], tmp_path: Path
+) -> None:
+    apps = write_apps(
+        tmp_path / "apps.json",
+        {"id": "1", "key": KEY, "secret": SECRET, "max_channels_per_connection": 3},
+    )
+    live = await start_server(apps_file=apps)
+    client = await clients(live.app_url())
+    for n in range(3):
+        assert (await client.subscribe(f"c{n}"))["event"].endswith("subscription_succeeded")
+    refused = await client.subscribe("c3")
+    assert refused["event"] == "pusher:subscription_error"
+    assert refused["data"]["code"] == 4308
+    assert "max_channels_per_connection" in refused["data"]["error"]
+    again = await client.subscribe("c0")  # re-subscribing to a channel it has is fine
+    assert again["event"].endswith("subscription_succeeded")
+    await client.send("pusher:unsubscribe", {"channel": "c0"})
+    assert (await client.subscribe("c3"))["event"].endswith("subscription_succeeded")
