@@ -292,8 +292,8 @@ async def test_presence_member_added_once_and_removed_when_last_connection_leave
     assert await backend.presence_members(APP, "presence-room") == []
 
 
+@pytest.mark.multi_node
 async def test_presence_is_shared_across_nodes(backend_factory: BackendFactory) -> None:
-    backend_factory.require_multi_node()
     first, second = await two_nodes(backend_factory)
     alice = PresenceMember("alice", {"n": 1})
 
@@ -306,8 +306,8 @@ async def test_presence_is_shared_across_nodes(backend_factory: BackendFactory) 
     assert await first.backend.presence_members(APP, "presence-room") == []
 
 
+@pytest.mark.multi_node
 async def test_racing_nodes_announce_a_user_once(backend_factory: BackendFactory) -> None:
-    backend_factory.require_multi_node()
     first, second = await two_nodes(backend_factory)
 
     for i in range(20):
@@ -386,10 +386,10 @@ async def test_apps_never_see_each_others_channels(backend_factory: BackendFacto
     assert [app for app, _ in subscriber.controls] == [APP]
 
 
+@pytest.mark.multi_node
 async def test_deployments_with_different_prefixes_never_cross(
     backend_factory: BackendFactory,
 ) -> None:
-    backend_factory.require_multi_node()
     ours = await backend_factory.node()
     theirs = await backend_factory.node(prefix=backend_factory.prefix + "-other")
     for node in (ours, theirs):
