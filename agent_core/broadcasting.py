@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -27,6 +27,7 @@ from agent_core import events as ev
 from agent_core.builder import AgentBuilder
 from agent_core.continuation import ContinuationOutcome
 from agent_core.hooks import HookPoint
+from agent_core.messages import Usage
 from agent_core.state import AgentState
 from broadcaster import envelope as env
 from broadcaster.publishers import Publisher
@@ -34,9 +35,11 @@ from broadcaster.publishers import Publisher
 __all__ = [
     "AdapterOptions",
     "AgentEventAdapter",
+    "EnvelopeEmitter",
     "FinalStateHook",
     "summarize_args",
     "summarize_result",
+    "usage_payload",
 ]
 
 logger = logging.getLogger(__name__)
@@ -112,21 +115,17 @@ def summarize_result(result: Any, length: int = 100) -> str | None:
     return _clip(text, length)
 
 
-@dataclass
-class _StepCalls:
-    calls: list[env.ToolCallRef] = field(default_factory=list)
-
-
-class AgentEventAdapter:
-    """Publishes an agent's events as envelopes on ``agent.<session_id>``.
+class EnvelopeEmitter:
+    """What every adapter shares: envelopes published one at a time in event order
+    under one lock, their ids and timestamps, streamed text coalesced by count and by
+    a timer, and the payloads that do not depend on who emits them. Subclasses map
+    their events in :meth:`_dispatch`.
 
     Args:
         publisher: where envelopes go.
         session_id: the session; the channel is ``channel`` or ``agent.<session_id>``.
-        execution_id: the run; events carrying another execution id are still
-            published under the agent's own id when they have one.
+        execution_id: the envelopes' execution id; when None, each event's own.
         options: what to publish (see :class:`AdapterOptions`).
-        final_state: stores the final state before the final ``agent.status``.
         channel: publish here instead of ``agent.<session_id>`` (e.g. a private one).
     """
 
@@ -134,10 +133,9 @@ class AgentEventAdapter:
         self,
         publisher: Publisher,
         session_id: str,
-        execution_id: str,
+        execution_id: str | None = None,
         *,
         options: AdapterOptions | None = None,
-        final_state: FinalStateHook | None = None,
         channel: str | None = None,
     ) -> None:
         self.publisher = publisher
@@ -147,32 +145,31 @@ class AgentEventAdapter:
         self.channel = channel or env.channel_for(session_id)
         self.failures = 0
         self.finished = False
-        self._final_state_hook = final_state
-        self._final: AgentState | None = None
         self._lock = asyncio.Lock()
+        self._last_event: ev.AgentEvent | None = None
         self._chunks: list[str] = []
         self._chunk_step: int | None = None
         self._chunk_index = 0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_tasks: set[asyncio.Task[None]] = set()
-        self._steps: dict[int, _StepCalls] = {}
 
-    # -- wiring ---------------------------------------------------------------------------
+    async def on_event(self, event: ev.AgentEvent) -> None:
+        """The listener: map one event to zero or more envelopes."""
+        self._last_event = event
+        if isinstance(event, ev.StreamChunk):
+            await self._on_chunk(event)
+            return
+        async with self._lock:
+            await self._flush_chunks(complete=False)
+            await self._dispatch(event)
 
-    def install(self, builder: AgentBuilder) -> AgentBuilder:
-        """``builder`` with this adapter listening to its events (and capturing the
-        final state for reconcile)."""
-        return builder.with_listener(self.on_event).with_hook(
-            HookPoint.EXECUTION_END, self._capture_final, priority=-(2**31), name="broadcast"
-        )
-
-    def _capture_final(self, state: AgentState) -> AgentState:
-        self._final = state
-        return state
+    async def _dispatch(self, event: ev.AgentEvent) -> None:
+        """Publish the envelopes of one (non-chunk) event; the caller holds the lock."""
+        raise NotImplementedError
 
     async def fail(self, message: str) -> None:
         """Publish a final ``failed`` status for a run that ended without one (it
-        crashed outside the agent loop), unless the run already ended."""
+        crashed outside the loop), unless the run already ended."""
         if self.finished:
             return
         async with self._lock:
@@ -188,97 +185,55 @@ class AgentEventAdapter:
         if self._timer_tasks:
             await asyncio.gather(*self._timer_tasks, return_exceptions=True)
 
-    # -- events ---------------------------------------------------------------------------
+    # -- payloads shared by every emitter -------------------------------------------------
 
-    async def on_event(self, event: ev.AgentEvent) -> None:
-        """The listener: map one agent event to zero or more envelopes."""
-        if isinstance(event, ev.StreamChunk):
-            await self._on_chunk(event)
-            return
-        async with self._lock:
-            await self._flush_chunks(complete=False)
-            await self._dispatch(event)
-
-    async def _dispatch(self, event: ev.AgentEvent) -> None:
-        if isinstance(event, ev.ExecutionStarted):
-            await self._status(event, env.StatusPayload(status="in_progress"))
-        elif isinstance(event, ev.StepStarted):
-            await self._step_started(event)
-        elif isinstance(event, ev.ToolCallStarted):
-            await self._tool_started(event)
-        elif isinstance(event, ev.ToolCallCompleted):
-            await self._tool_completed(event, event.success, event.error, event.result)
-        elif isinstance(event, ev.ToolCallBlocked):
-            await self._tool_blocked(event)
-        elif isinstance(event, ev.ContinuationEvaluated):
-            await self._continuation(event)
-        elif isinstance(event, ev.StepCompleted):
-            await self._step_completed(event)
-        elif isinstance(event, ev.ExecutionCompleted | ev.ExecutionFailed):
-            await self._finished(event)
-
-    async def _step_started(self, event: ev.StepStarted) -> None:
-        self._steps[event.step_number] = _StepCalls()
-        payload = env.StepStartedPayload(
-            step_number=event.step_number,
-            message_count=event.message_count,
-            available_tools=list(event.available_tools),
-        )
-        await self._emit(env.StepStarted, event, payload)
-
-    async def _tool_started(self, event: ev.ToolCallStarted) -> None:
-        calls = self._steps.setdefault(event.step_number, _StepCalls()).calls
-        calls.append(env.ToolCallRef(id=event.tool_call_id, name=event.tool_name))
+    async def _tool_started(
+        self, event: ev.AgentEvent, call_id: str, name: str, args: Mapping[str, Any]
+    ) -> None:
+        o = self.options
         payload = env.ToolStartedPayload(
-            tool_name=event.tool_name,
-            tool_call_id=event.tool_call_id,
-            args_summary=self._args(event.args),
-            step_number=event.step_number or None,
-            arguments=None if self.options.redact_tool_args else dict(event.args),
+            tool_name=name,
+            tool_call_id=call_id,
+            args_summary=summarize_args(
+                args,
+                max_args=o.max_summary_args,
+                value_length=o.arg_value_length,
+                redact=o.redact_tool_args,
+            ),
+            step_number=_step(event),
+            arguments=None if o.redact_tool_args else dict(args),
         )
         await self._emit(env.ToolStarted, event, payload)
 
-    async def _tool_blocked(self, event: ev.ToolCallBlocked) -> None:
-        """A blocked call is reported as started and then completed unsuccessfully, so
-        a UI shows every call the model asked for."""
-        await self._tool_started(
-            ev.ToolCallStarted(
-                agent_id=event.agent_id,
-                execution_id=event.execution_id,
-                occurred_at=event.occurred_at,
-                step_number=event.step_number,
-                tool_call_id=event.tool_call_id,
-                tool_name=event.tool_name,
-                args=event.args,
-            )
-        )
-        await self._tool_completed(event, False, f"blocked: {event.reason}", None)
-
     async def _tool_completed(
         self,
-        event: ev.ToolCallCompleted | ev.ToolCallBlocked,
+        event: ev.AgentEvent,
+        call_id: str,
+        name: str,
+        *,
         success: bool,
         error: str | None,
+        duration_ms: float,
         result: Any,
     ) -> None:
-        duration = event.duration_ms if isinstance(event, ev.ToolCallCompleted) else 0.0
         payload = env.ToolCompletedPayload(
-            tool_name=event.tool_name,
-            tool_call_id=event.tool_call_id,
+            tool_name=name,
+            tool_call_id=call_id,
             success=success,
             error=error,
-            duration_ms=max(duration, 0.0),
+            duration_ms=max(duration_ms, 0.0),
             result_summary=summarize_result(result, self.options.summary_length),
-            step_number=event.step_number or None,
+            step_number=_step(event),
         )
         await self._emit(env.ToolCompleted, event, payload)
 
-    async def _continuation(self, event: ev.ContinuationEvaluated) -> None:
+    async def _continuation(
+        self, event: ev.AgentEvent, step_number: int, outcome: ContinuationOutcome
+    ) -> None:
         if not self.options.include_continuation_trace:
             return
-        outcome = event.outcome
         payload = env.ContinuationPayload(
-            step_number=event.step_number,
+            step_number=step_number,
             should_continue=outcome.should_continue,
             stop_reason=outcome.stop_reason.value,
             resolved_by=outcome.resolved_by,
@@ -294,20 +249,6 @@ class AgentEventAdapter:
         )
         await self._emit(env.AgentContinuation, event, payload)
 
-    async def _step_completed(self, event: ev.StepCompleted) -> None:
-        calls = self._steps.pop(event.step_number, _StepCalls()).calls
-        payload = env.StepCompletedPayload(
-            step_number=event.step_number,
-            has_tool_calls=event.has_tool_calls,
-            errors=event.errors,
-            finish_reason=None if event.finish_reason is None else event.finish_reason.value,
-            usage=_usage(event.usage),
-            duration_ms=max(event.duration_ms, 0.0),
-            tool_calls=calls,
-            continuation=self._summary(event.outcome),
-        )
-        await self._emit(env.StepCompleted, event, payload)
-
     def _summary(self, outcome: ContinuationOutcome) -> env.ContinuationSummary | None:
         if not self.options.include_step_continuation:
             return None
@@ -316,34 +257,6 @@ class AgentEventAdapter:
             stop_reason=outcome.stop_reason.value,
             resolved_by=outcome.resolved_by,
         )
-
-    async def _finished(self, event: ev.ExecutionCompleted | ev.ExecutionFailed) -> None:
-        state_url = await self._store_final()
-        failed = isinstance(event, ev.ExecutionFailed)
-        payload = env.StatusPayload(
-            status="failed" if failed else "completed",
-            step_count=event.step_count,
-            error_message=event.error_message if isinstance(event, ev.ExecutionFailed) else None,
-            last_response=None if failed else _last_response(event),
-            stop_reason=None if event.stop_reason is None else event.stop_reason.value,
-            usage=_usage(event.usage),
-            state_url=state_url,
-        )
-        self.finished = True
-        await self._status(event, payload)
-
-    async def _store_final(self) -> str | None:
-        if self._final_state_hook is None or self._final is None:
-            return None
-        try:
-            return await self._final_state_hook(self._final)
-        except Exception:
-            self.failures += 1
-            logger.exception("could not store the final state of session %s", self.session_id)
-            return None
-
-    async def _status(self, event: ev.AgentEvent, payload: env.StatusPayload) -> None:
-        await self._emit(env.AgentStatus, event, payload)
 
     # -- streamed text --------------------------------------------------------------------
 
@@ -395,17 +308,16 @@ class AgentEventAdapter:
 
     # -- publishing -----------------------------------------------------------------------
 
-    def _args(self, args: Mapping[str, Any]) -> str:
-        o = self.options
-        return summarize_args(
-            args,
-            max_args=o.max_summary_args,
-            value_length=o.arg_value_length,
-            redact=o.redact_tool_args,
-        )
-
     def _ids(self, event: ev.AgentEvent | None = None) -> dict[str, str]:
-        ids = {"session_id": self.session_id, "execution_id": self.execution_id}
+        """Envelope ids; the timestamp is the event's (now without one)."""
+        source = event or self._last_event
+        execution = self.execution_id or (None if source is None else source.execution_id)
+        if not execution:
+            raise ValueError(
+                "an envelope needs an execution id: the event has none and the adapter "
+                "was given none"
+            )
+        ids = {"session_id": self.session_id, "execution_id": execution}
         if event is not None:
             ids["timestamp"] = env.utc_timestamp(event.occurred_at)
         return ids
@@ -423,7 +335,145 @@ class AgentEventAdapter:
             logger.exception("could not publish %s for session %s", envelope.type, self.session_id)
 
 
-def _usage(usage: Any) -> env.UsagePayload:
+class AgentEventAdapter(EnvelopeEmitter):
+    """Publishes an agent's events as envelopes on ``agent.<session_id>``.
+
+    Args:
+        publisher: where envelopes go.
+        session_id: the session; the channel is ``channel`` or ``agent.<session_id>``.
+        execution_id: the run's id, used for every envelope.
+        options: what to publish (see :class:`AdapterOptions`).
+        final_state: stores the final state before the final ``agent.status``.
+        channel: publish here instead of ``agent.<session_id>`` (e.g. a private one).
+    """
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        session_id: str,
+        execution_id: str,
+        *,
+        options: AdapterOptions | None = None,
+        final_state: FinalStateHook | None = None,
+        channel: str | None = None,
+    ) -> None:
+        super().__init__(publisher, session_id, execution_id, options=options, channel=channel)
+        self._final_state_hook = final_state
+        self._final: AgentState | None = None
+        self._steps: dict[int, list[env.ToolCallRef]] = {}
+
+    def install(self, builder: AgentBuilder) -> AgentBuilder:
+        """``builder`` with this adapter listening to its events (and capturing the
+        final state for reconcile)."""
+        return builder.with_listener(self.on_event).with_hook(
+            HookPoint.EXECUTION_END, self._capture_final, priority=-(2**31), name="broadcast"
+        )
+
+    def _capture_final(self, state: AgentState) -> AgentState:
+        self._final = state
+        return state
+
+    async def _dispatch(self, event: ev.AgentEvent) -> None:
+        if isinstance(event, ev.ExecutionStarted):
+            await self._emit(env.AgentStatus, event, env.StatusPayload(status="in_progress"))
+        elif isinstance(event, ev.StepStarted):
+            await self._step_started(event)
+        elif isinstance(event, ev.ToolCallStarted):
+            await self._call_started(event, event.tool_call_id, event.tool_name, event.args)
+        elif isinstance(event, ev.ToolCallCompleted):
+            await self._tool_completed(
+                event,
+                event.tool_call_id,
+                event.tool_name,
+                success=event.success,
+                error=event.error,
+                duration_ms=event.duration_ms,
+                result=event.result,
+            )
+        elif isinstance(event, ev.ToolCallBlocked):
+            await self._tool_blocked(event)
+        elif isinstance(event, ev.ContinuationEvaluated):
+            await self._continuation(event, event.step_number, event.outcome)
+        elif isinstance(event, ev.StepCompleted):
+            await self._step_completed(event)
+        elif isinstance(event, ev.ExecutionCompleted | ev.ExecutionFailed):
+            await self._finished(event)
+
+    async def _step_started(self, event: ev.StepStarted) -> None:
+        self._steps[event.step_number] = []
+        payload = env.StepStartedPayload(
+            step_number=event.step_number,
+            message_count=event.message_count,
+            available_tools=list(event.available_tools),
+        )
+        await self._emit(env.StepStarted, event, payload)
+
+    async def _call_started(
+        self, event: ev.ToolCallStarted | ev.ToolCallBlocked, call_id: str, name: str, args: Any
+    ) -> None:
+        calls = self._steps.setdefault(event.step_number, [])
+        calls.append(env.ToolCallRef(id=call_id, name=name))
+        await self._tool_started(event, call_id, name, args)
+
+    async def _tool_blocked(self, event: ev.ToolCallBlocked) -> None:
+        """A blocked call is reported as started and then completed unsuccessfully, so
+        a UI shows every call the model asked for."""
+        await self._call_started(event, event.tool_call_id, event.tool_name, event.args)
+        await self._tool_completed(
+            event,
+            event.tool_call_id,
+            event.tool_name,
+            success=False,
+            error=f"blocked: {event.reason}",
+            duration_ms=0.0,
+            result=None,
+        )
+
+    async def _step_completed(self, event: ev.StepCompleted) -> None:
+        payload = env.StepCompletedPayload(
+            step_number=event.step_number,
+            has_tool_calls=event.has_tool_calls,
+            errors=event.errors,
+            finish_reason=None if event.finish_reason is None else event.finish_reason.value,
+            usage=usage_payload(event.usage),
+            duration_ms=max(event.duration_ms, 0.0),
+            tool_calls=self._steps.pop(event.step_number, []),
+            continuation=self._summary(event.outcome),
+        )
+        await self._emit(env.StepCompleted, event, payload)
+
+    async def _finished(self, event: ev.ExecutionCompleted | ev.ExecutionFailed) -> None:
+        state_url = await self._store_final()
+        failed = isinstance(event, ev.ExecutionFailed)
+        payload = env.StatusPayload(
+            status="failed" if failed else "completed",
+            step_count=event.step_count,
+            error_message=event.error_message if isinstance(event, ev.ExecutionFailed) else None,
+            last_response=None if failed else _last_response(event),
+            stop_reason=None if event.stop_reason is None else event.stop_reason.value,
+            usage=usage_payload(event.usage),
+            state_url=state_url,
+        )
+        self.finished = True
+        await self._emit(env.AgentStatus, event, payload)
+
+    async def _store_final(self) -> str | None:
+        if self._final_state_hook is None or self._final is None:
+            return None
+        try:
+            return await self._final_state_hook(self._final)
+        except Exception:
+            self.failures += 1
+            logger.exception("could not store the final state of session %s", self.session_id)
+            return None
+
+
+def _step(event: ev.AgentEvent) -> int | None:
+    number = getattr(event, "step_number", None)
+    return number if isinstance(number, int) and number >= 1 else None
+
+
+def usage_payload(usage: Usage) -> env.UsagePayload:
     return env.UsagePayload(prompt=usage.prompt, completion=usage.completion, total=usage.total)
 
 
