@@ -25,7 +25,7 @@ from agent_core._time import elapsed_ms, from_iso, to_iso
 from agent_core.continuation import ContinuationOutcome, StopReason
 from agent_core.messages import FinishReason, Message, Role, Usage
 from agent_core.state import AgentStatus, ExecutionState
-from agent_core.steps import StepError, StepResult
+from agent_core.steps import ExecutionSteps, StepError, StepResult
 
 __all__ = [
     "CurrentStep",
@@ -124,7 +124,7 @@ class CurrentStep(Generic[StepT]):
 
 
 @dataclass(frozen=True, slots=True)
-class ProcessState(Generic[StepT]):
+class ProcessState(ExecutionSteps[StepT]):
     """Everything a step-by-step process knows; immutable.
 
     Attributes:
@@ -295,28 +295,6 @@ class ProcessState(Generic[StepT]):
         steps = [r.step for r in self.execution_results()]
         pending = self.pending_step()
         return [*steps, pending] if pending is not None else steps
-
-    def current_step(self) -> StepT | None:
-        """The step being judged: the pending one, else this run's last recorded one."""
-        steps = self._execution_steps()
-        return steps[-1] if steps else None
-
-    def execution_step_count(self) -> int:
-        return len(self._execution_steps())
-
-    def execution_usage(self) -> Usage:
-        total = Usage()
-        for step in self._execution_steps():
-            total = total + step.usage
-        return total
-
-    def trailing_failed_steps(self) -> int:
-        count = 0
-        for step in reversed(self._execution_steps()):
-            if not step.errors:
-                break
-            count += 1
-        return count
 
     # serialization -------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from agent_core._time import elapsed_seconds, from_iso, to_iso
 from agent_core.continuation import ContinuationOutcome, StopReason
 from agent_core.errors import AgentError
 from agent_core.messages import Message, Role, ToolCall, Usage
-from agent_core.steps import AgentStep, StepError, StepExecution, ToolExecution
+from agent_core.steps import AgentStep, ExecutionSteps, StepError, StepExecution, ToolExecution
 
 __all__ = [
     "AgentState",
@@ -186,7 +186,7 @@ class CurrentExecution:
 
 
 @dataclass(frozen=True, slots=True)
-class AgentState:
+class AgentState(ExecutionSteps[AgentStep]):
     """Everything an agent knows; immutable.
 
     Attributes:
@@ -400,28 +400,6 @@ class AgentState:
         steps = [r.step for r in self._execution_results()]
         pending = self.pending_step()
         return [*steps, pending] if pending is not None else steps
-
-    def current_step(self) -> AgentStep | None:
-        """The step being judged: the pending one, else this run's last recorded one."""
-        steps = self._execution_steps()
-        return steps[-1] if steps else None
-
-    def execution_step_count(self) -> int:
-        return len(self._execution_steps())
-
-    def execution_usage(self) -> Usage:
-        total = Usage()
-        for step in self._execution_steps():
-            total = total + step.usage
-        return total
-
-    def trailing_failed_steps(self) -> int:
-        count = 0
-        for step in reversed(self._execution_steps()):
-            if not step.errors:
-                break
-            count += 1
-        return count
 
     # serialization -------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from agent_core._time import elapsed_ms, from_iso, to_iso
 from agent_core.continuation import ContinuationOutcome, StopReason
@@ -30,6 +30,7 @@ from agent_core.messages import FinishReason, Message, ToolCall, Usage
 
 __all__ = [
     "AgentStep",
+    "ExecutionSteps",
     "StepError",
     "StepExecution",
     "StepResult",
@@ -284,3 +285,48 @@ class StepExecution(StepResult[AgentStep]):
             id=str(data["id"]),
             execution_id=data.get("execution_id"),
         )
+
+
+class _CountedStep(Protocol):
+    @property
+    def usage(self) -> Usage: ...
+
+    @property
+    def errors(self) -> Sequence[Any]: ...
+
+
+CountedStepT = TypeVar("CountedStepT", bound=_CountedStep)
+
+
+class ExecutionSteps(Generic[CountedStepT]):
+    """What the built-in criteria read of a state (see :mod:`agent_core.criteria`),
+    computed from the current execution's steps, recorded and pending. A state class
+    provides :meth:`_execution_steps`; the agent's and the orchestrators' share the rest.
+    """
+
+    __slots__ = ()
+
+    def _execution_steps(self) -> list[CountedStepT]:
+        raise NotImplementedError
+
+    def current_step(self) -> CountedStepT | None:
+        """The step being judged: the pending one, else this run's last recorded one."""
+        steps = self._execution_steps()
+        return steps[-1] if steps else None
+
+    def execution_step_count(self) -> int:
+        return len(self._execution_steps())
+
+    def execution_usage(self) -> Usage:
+        total = Usage()
+        for step in self._execution_steps():
+            total = total + step.usage
+        return total
+
+    def trailing_failed_steps(self) -> int:
+        count = 0
+        for step in reversed(self._execution_steps()):
+            if not step.errors:
+                break
+            count += 1
+        return count
