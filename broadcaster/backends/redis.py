@@ -883,6 +883,8 @@ class RedisBackend:
         finally:
             if waiter in waiters:
                 waiters.remove(waiter)
+            if not waiters and self._waiters.get((kind, name)) is waiters:
+                del self._waiters[(kind, name)]  # one entry per channel ever used adds up
 
     def _confirm(self, kind: bytes, name: bytes) -> None:
         waiters = self._waiters.get((kind, name))
