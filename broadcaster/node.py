@@ -67,6 +67,7 @@ class Node:
         self.hub = Hub(self.backend, self.metrics)
         self.delivery = Delivery(settings.max_buffer_bytes, on_slow_consumer=self._on_slow_consumer)
         self.connections: dict[str, Connection] = {}
+        self.streams: set[Connection] = set()  # HTTP streams (SSE, AG-UI) on channels
         self._per_app: dict[str, int] = {app.id: 0 for app in self.apps}
         self._users: dict[tuple[str, str], set[Connection]] = {}
         self._sweeper: asyncio.TimerHandle | None = None
@@ -103,6 +104,13 @@ class Node:
         for conn in list(self.connections.values()):
             conn.close(ErrorCode.SERVER_CLOSING, "server shutting down")
         await self.backend.stop()
+
+    def close_streams(self) -> None:
+        """End every HTTP stream (SSE, AG-UI): the server is shutting down, and an open
+        stream would otherwise hold the graceful shutdown until its timeout. Their
+        clients reconnect (``Last-Event-ID``) to another node."""
+        for conn in list(self.streams):
+            conn.close(ErrorCode.SERVER_CLOSING, "server shutting down")
 
     @property
     def ready(self) -> bool:
@@ -365,7 +373,10 @@ class Node:
         publications = [
             Publication(app_id, channel, event, data, exclude_socket_id) for channel in channels
         ]
-        positions = await asyncio.gather(*(self.backend.publish(p) for p in publications))
+        if len(publications) == 1:  # the usual case: no task for gather to make
+            positions = [await self.backend.publish(publications[0])]
+        else:
+            positions = await asyncio.gather(*(self.backend.publish(p) for p in publications))
         self.metrics.http_publishes.inc(len(publications))
         return dict(zip(channels, positions, strict=True))
 

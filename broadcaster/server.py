@@ -17,6 +17,7 @@ import uvicorn
 from broadcaster._uvicorn import protocol_class
 from broadcaster.app import create_app
 from broadcaster.extensions import ExtensionError
+from broadcaster.node import Node
 from broadcaster.settings import Settings
 
 __all__ = ["serve"]
@@ -45,7 +46,20 @@ def serve(settings: Settings) -> None:
     print(f"agent-broadcaster listening on http://{shown}:{port}/", flush=True)
     if settings.demo:
         print(f"Open the demo dashboard: http://{shown}:{port}/", flush=True)
-    uvicorn.Server(config).run(sockets=[sock])
+    _Server(config, app.state.node).run(sockets=[sock])
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, ending HTTP streams as its graceful shutdown starts (uvicorn
+    gives a streaming response no signal of its own)."""
+
+    def __init__(self, config: uvicorn.Config, node: Node) -> None:
+        super().__init__(config)
+        self._node = node
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._node.close_streams()
+        await super().shutdown(sockets)
 
 
 def _ws_max_size(settings: Settings) -> int:

@@ -229,6 +229,7 @@ class ChannelFeed:
     async def __aenter__(self) -> ChannelFeed:
         hub, conn = self.node.hub, self.conn
         await hub.subscribe(conn, self.channel, recovering=True)
+        self.node.streams.add(conn)
         self._subscribed = True
         self._counted(+1)
         try:
@@ -272,6 +273,7 @@ class ChannelFeed:
     async def aclose(self) -> None:
         """Unsubscribe; idempotent."""
         self.conn.closed()
+        self.node.streams.discard(self.conn)
         if not self._subscribed:
             return
         self._subscribed = False

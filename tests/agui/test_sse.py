@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from collections.abc import Awaitable, Callable
 
 import httpx
@@ -26,7 +27,7 @@ from broadcaster.sse import (
 )
 from tests.agui.conftest import SseEvent, is_final, read_until_final, sse
 from tests.server.conftest import KEY, SECRET, Client, LiveServer, StartServer
-from tests.support import RedisServer
+from tests.support import RedisServer, ServerProcess
 from tests.wire.test_runs import read_run, start_run, subscribe
 
 VALIDATOR = jsonschema.Draft202012Validator(json_schema())
@@ -271,3 +272,25 @@ async def test_bad_stream_requests_get_clear_errors(
         response = await http.get(f"{live.url}{path}", headers=headers)
     assert response.status_code == status, response.text
     assert says in response.json()["error"]
+
+
+async def test_shutdown_ends_open_streams_instead_of_waiting_for_them(
+    server_factory: Callable[..., ServerProcess],
+) -> None:
+    """An open stream must not hold the graceful shutdown until its timeout (and be
+    cancelled then): it is ended with a comment, and the client reconnects elsewhere."""
+    server = server_factory("--demo", "--shutdown-timeout", "60")
+    run = await start_run(server.url)
+    url = f"{server.url}/api/sessions/{run['session_id']}/events?since={run['position']}"
+    async with httpx.AsyncClient(timeout=30) as http, http.stream("GET", url) as response:
+        assert response.status_code == 200
+        lines = response.aiter_lines()
+        async for line in lines:
+            if line.startswith("event: agent.status"):
+                break
+        server.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        rest = [line async for line in lines]
+    assert any(line.startswith(": ended: server shutting down") for line in rest), rest
+    assert server.stop() in (0, -signal.SIGTERM)
+    assert "graceful shutdown exceeded" not in server.log
+    assert "Finished server process" in server.log
