@@ -100,8 +100,11 @@ async def test_a_session_stream_carries_the_run_as_the_websocket_does(
     url = f"{live.url}/api/sessions/{run['session_id']}/events?since={run['position']}"
     async with sse(url) as reader:
         received = [await reader.events()]
-        while not is_final(received[-1]) or not any(
-            e.event == "broadcaster:resume" for e in received
+        # The resume notice follows the history: before the final status if the run was
+        # still going when the stream opened, after it if the run had already ended.
+        while not (
+            any(is_final(e) for e in received)
+            and any(e.event == "broadcaster:resume" for e in received)
         ):
             received.append(await reader.events())
     websocket = await read_run(client)
