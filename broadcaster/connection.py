@@ -100,6 +100,7 @@ class Connection:
     """
 
     __slots__ = (
+        "_backlog",
         "_delivery",
         "_event_count",
         "_event_window",
@@ -127,6 +128,7 @@ class Connection:
         self._raw: RawSocket | None = None
         self._pending: list[bytes] | None = None
         self._pending_bytes = 0
+        self._backlog = 0  # the transport's unsent bytes at this tick's first frame
         self._event_window = 0
         self._event_count = 0
 
@@ -146,15 +148,21 @@ class Connection:
         if self.state is not ConnectionState.OPEN:
             return
         frame = message.frame
+        pending = self._pending
+        if pending is None:  # the first frame of this tick: read the transport's backlog
+            self._backlog = self._buffered()
         size = self._pending_bytes + len(frame)
-        if size + self._buffered() > self._delivery.max_buffer_bytes:
+        limit = self._delivery.max_buffer_bytes
+        # The backlog read earlier in the tick can only have shrunk since: read it again
+        # before calling the client slow.
+        if size + self._backlog > limit and size + self._buffered() > limit:
             self._slow_consumer()
             return
-        if self._pending is None:
+        if pending is None:
             self._pending = [frame]
             self._delivery.mark(self)
         else:
-            self._pending.append(frame)
+            pending.append(frame)
         self._pending_bytes = size
 
     def flush(self) -> None:
