@@ -30,6 +30,7 @@ __all__ = [
     "Connection",
     "ConnectionState",
     "Delivery",
+    "QueuedConnection",
 ]
 
 SLOW_CONSUMER_CODE = 4100
@@ -219,20 +220,18 @@ class Connection:
         return f"<Connection {self.socket_id} app={self.app.id} {self.state.value}>"
 
 
-class AsgiConnection(Connection):
-    """The fallback for servers without the fast path: messages go through the ASGI
-    ``send`` from one writer task, with the same byte limit and slow-consumer policy."""
+class QueuedConnection(Connection):
+    """A subscriber whose messages wait in its own queue for a task to write them
+    (rather than going straight to a transport), under the same byte limit and
+    slow-consumer policy. Subclasses drain :attr:`_queue` when :attr:`_wakeup` is set."""
 
-    __slots__ = ("_close", "_queue", "_queued_bytes", "_send", "_wakeup", "_writer")
+    __slots__ = ("_queue", "_queued_bytes", "_wakeup")
 
-    def __init__(self, socket_id: str, app: AppConfig, delivery: Delivery, send: AsgiSend) -> None:
+    def __init__(self, socket_id: str, app: AppConfig, delivery: Delivery) -> None:
         super().__init__(socket_id, app, delivery)
-        self._send = send
         self._queue: deque[Outgoing] = deque()
         self._queued_bytes = 0
-        self._close: tuple[int, str] | None = None
         self._wakeup = asyncio.Event()
-        self._writer = asyncio.get_running_loop().create_task(self._write_loop())
 
     def send(self, message: Outgoing) -> None:
         if self.state is not ConnectionState.OPEN:
@@ -250,16 +249,36 @@ class AsgiConnection(Connection):
 
     def closed(self) -> None:
         super().closed()
-        self._queue.clear()
-        self._writer.cancel()
+        self._drop()
+        self._wakeup.set()
 
-    def _slow_consumer(self) -> None:
+    def _drop(self) -> None:
         self._queue.clear()
         self._queued_bytes = 0
+
+    def _slow_consumer(self) -> None:
+        self._drop()
         super()._slow_consumer()
 
     def _buffered(self) -> int:
         return self._queued_bytes
+
+
+class AsgiConnection(QueuedConnection):
+    """The fallback for servers without the fast path: messages go through the ASGI
+    ``send`` from one writer task, with the same byte limit and slow-consumer policy."""
+
+    __slots__ = ("_close", "_send", "_writer")
+
+    def __init__(self, socket_id: str, app: AppConfig, delivery: Delivery, send: AsgiSend) -> None:
+        super().__init__(socket_id, app, delivery)
+        self._send = send
+        self._close: tuple[int, str] | None = None
+        self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+
+    def closed(self) -> None:
+        super().closed()
+        self._writer.cancel()
 
     def _close_socket(self, code: int, reason: str, abort_after: float) -> None:
         self._close = (code, reason)

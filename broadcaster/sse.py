@@ -45,7 +45,6 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
@@ -66,7 +65,7 @@ from broadcaster.channels import (
     server_to_user_id,
     validate_channel_name,
 )
-from broadcaster.connection import Connection, ConnectionState, Delivery
+from broadcaster.connection import Delivery, QueuedConnection
 from broadcaster.exceptions import ProtocolError
 from broadcaster.node import Node
 from broadcaster.publication import Position
@@ -136,38 +135,16 @@ def _comment(text: str) -> bytes:
 # -- the hub subscriber ---------------------------------------------------------------
 
 
-class FeedConnection(Connection):
+class FeedConnection(QueuedConnection):
     """A hub subscriber that is not a socket: what the hub sends is queued for a
     reader task (:meth:`take`), under the node's byte limit and slow-consumer policy
     (over the limit, the feed ends with :attr:`ended` set)."""
 
-    __slots__ = ("_queue", "_queued_bytes", "_wakeup", "ended")
+    __slots__ = ("ended",)
 
     def __init__(self, app: AppConfig, delivery: Delivery) -> None:
         super().__init__(protocol.new_socket_id(), app, delivery)
-        self._queue: deque[Outgoing] = deque()
-        self._queued_bytes = 0
-        self._wakeup = asyncio.Event()
         self.ended: str | None = None
-
-    def send(self, message: Outgoing) -> None:
-        if self.state is not ConnectionState.OPEN:
-            return
-        size = self._queued_bytes + len(message)
-        if size > self._delivery.max_buffer_bytes:
-            self._slow_consumer()
-            return
-        self._queue.append(message)
-        self._queued_bytes = size
-        self._wakeup.set()
-
-    def flush(self) -> None:
-        self._wakeup.set()
-
-    def closed(self) -> None:
-        super().closed()
-        self._drop()
-        self._wakeup.set()
 
     async def take(self, wait: float) -> list[Outgoing]:
         """What was queued, waiting up to ``wait`` seconds for something (an empty
@@ -179,17 +156,6 @@ class FeedConnection(Connection):
         batch = list(self._queue)
         self._drop()
         return batch
-
-    def _drop(self) -> None:
-        self._queue.clear()
-        self._queued_bytes = 0
-
-    def _slow_consumer(self) -> None:
-        self._drop()
-        super()._slow_consumer()
-
-    def _buffered(self) -> int:
-        return self._queued_bytes
 
     def _close_socket(self, code: int, reason: str, abort_after: float) -> None:
         self.ended = reason or f"closed ({code})"
