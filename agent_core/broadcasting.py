@@ -227,6 +227,17 @@ class EnvelopeEmitter:
         )
         await self._emit(env.ToolCompleted, event, payload)
 
+    async def _call_completed(self, event: ev.ToolCallCompleted) -> None:
+        await self._tool_completed(
+            event,
+            event.tool_call_id,
+            event.tool_name,
+            success=event.success,
+            error=event.error,
+            duration_ms=event.duration_ms,
+            result=event.result,
+        )
+
     async def _continuation(
         self, event: ev.AgentEvent, step_number: int, outcome: ContinuationOutcome
     ) -> None:
@@ -252,11 +263,7 @@ class EnvelopeEmitter:
     def _summary(self, outcome: ContinuationOutcome) -> env.ContinuationSummary | None:
         if not self.options.include_step_continuation:
             return None
-        return env.ContinuationSummary(
-            should_continue=outcome.should_continue,
-            stop_reason=outcome.stop_reason.value,
-            resolved_by=outcome.resolved_by,
-        )
+        return env.ContinuationSummary.model_validate(outcome.summary())
 
     # -- streamed text --------------------------------------------------------------------
 
@@ -381,15 +388,7 @@ class AgentEventAdapter(EnvelopeEmitter):
         elif isinstance(event, ev.ToolCallStarted):
             await self._call_started(event, event.tool_call_id, event.tool_name, event.args)
         elif isinstance(event, ev.ToolCallCompleted):
-            await self._tool_completed(
-                event,
-                event.tool_call_id,
-                event.tool_name,
-                success=event.success,
-                error=event.error,
-                duration_ms=event.duration_ms,
-                result=event.result,
-            )
+            await self._call_completed(event)
         elif isinstance(event, ev.ToolCallBlocked):
             await self._tool_blocked(event)
         elif isinstance(event, ev.ContinuationEvaluated):

@@ -172,6 +172,15 @@ class ContinuationOutcome:
         """A new outcome with one more evaluation, re-aggregated."""
         return ContinuationOutcome.from_evaluations((*self.evaluations, evaluation))
 
+    def summary(self) -> dict[str, Any]:
+        """The decision in three fields (seed 004's ``last_continuation``):
+        ``should_continue``, ``stop_reason``, ``resolved_by``."""
+        return {
+            "should_continue": self.should_continue,
+            "stop_reason": self.stop_reason.value,
+            "resolved_by": self.resolved_by,
+        }
+
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form; derived fields are included for readers but ignored on load."""
         return {

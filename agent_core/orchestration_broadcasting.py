@@ -69,15 +69,7 @@ class OrchestrationEventAdapter(EnvelopeEmitter):
         elif isinstance(event, ev.ToolCallStarted):
             await self._tool_started(event, event.tool_call_id, event.tool_name, event.args)
         elif isinstance(event, ev.ToolCallCompleted):
-            await self._tool_completed(
-                event,
-                event.tool_call_id,
-                event.tool_name,
-                success=event.success,
-                error=event.error,
-                duration_ms=event.duration_ms,
-                result=event.result,
-            )
+            await self._call_completed(event)
         elif isinstance(event, oe.ReferencesResolved):
             args = {"input": event.original}
             await self._stage(event, event.call_id, "reference_resolver", args, event.resolved)

@@ -174,13 +174,7 @@ class SlimAgentStateSerializer:
 
     def _continuation(self, state: AgentState) -> dict[str, Any] | None:
         outcome = state.continuation_outcome()
-        if outcome is None:
-            return None
-        return {
-            "should_continue": outcome.should_continue,
-            "stop_reason": outcome.stop_reason.value,
-            "resolved_by": outcome.resolved_by,
-        }
+        return None if outcome is None else outcome.summary()
 
     def deserialize(self, data: Mapping[str, Any]) -> AgentState:
         """A state to continue from (steps are not restored).
