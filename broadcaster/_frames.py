@@ -8,7 +8,20 @@ from __future__ import annotations
 
 import struct
 
-__all__ = ["Outgoing", "text_frame"]
+__all__ = ["MAX_CLOSE_REASON_BYTES", "Outgoing", "close_reason", "text_frame"]
+
+MAX_CLOSE_REASON_BYTES = 123
+"""RFC 6455 §5.5: a control frame's payload is at most 125 bytes, 2 of them the code."""
+
+
+def close_reason(text: str) -> str:
+    """``text`` cut to fit a close frame (123 UTF-8 bytes), never inside a character:
+    reasons quote client input (an app key from the URL), which may be anything."""
+    data = text.encode()
+    if len(data) <= MAX_CLOSE_REASON_BYTES:
+        return text
+    return data[:MAX_CLOSE_REASON_BYTES].decode(errors="ignore")
+
 
 _FIN_TEXT = 0x81
 

@@ -32,6 +32,8 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.datastructures import Headers
 from websockets.http11 import Request
 
+from broadcaster._frames import close_reason
+
 __all__ = [
     "EXTENSION",
     "SESSIONS_STATE",
@@ -243,6 +245,7 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
     def close_now(self, code: int, reason: str, abort_after: float) -> None:
         if self.closing or not self.handshake_complete:
             return
+        reason = close_reason(reason)
         self.queue.put_nowait({"type": "websocket.disconnect", "code": code, "reason": reason})
         self.conn.send_close(code, reason)
         self.transport.write(b"".join(self.conn.data_to_send()))
@@ -254,6 +257,8 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
         self.close_timer = self.loop.call_later(abort_after, self.transport.abort)
 
     def shutdown(self) -> None:
+        if self.transport.is_closing():
+            return  # already gone (e.g. after a fatal error): nothing left to close
         if self.handshake_complete and not self.closing and self.initial_response is None:
             self.stop_keepalive()
             self.close_now(SHUTDOWN_CLOSE_CODE, "server shutting down", self.shutdown_abort_after)

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from broadcaster._frames import Outgoing
+from broadcaster._frames import Outgoing, close_reason
 from broadcaster._uvicorn import RawSocket
 from broadcaster.settings import AppConfig
 
@@ -295,7 +295,12 @@ class AsgiConnection(QueuedConnection):
                     await self._send({"type": "websocket.send", "text": message.text})
                 if self._close is not None:
                     code, reason = self._close
-                    await self._send({"type": "websocket.close", "code": code, "reason": reason})
+                    close = {
+                        "type": "websocket.close",
+                        "code": code,
+                        "reason": close_reason(reason),
+                    }
+                    await self._send(close)
                     return
         except Exception:  # any failure to send means the client is gone
             return  # the receive side notices the disconnect and cleans up

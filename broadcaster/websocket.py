@@ -26,7 +26,7 @@ from urllib.parse import parse_qs
 from starlette.types import Receive, Scope, Send
 
 from broadcaster import protocol
-from broadcaster._frames import Outgoing, text_frame
+from broadcaster._frames import Outgoing, close_reason, text_frame
 from broadcaster._uvicorn import EXTENSION, NativeSocket, RawSocket
 from broadcaster.codes import ErrorCode
 from broadcaster.connection import Connection
@@ -107,7 +107,7 @@ class NativeSessions:
             app = node.admit(path[len(_APP_PREFIX) :], _query_param(query, "protocol"), origin)
         except ProtocolError as exc:
             socket.write(text_frame(protocol.error(exc.code, exc.message)))
-            socket.close_now(int(exc.code), exc.message[:120], node.delivery.abort_after)
+            socket.close_now(int(exc.code), exc.message, node.delivery.abort_after)
             return None
         return _NativeSession(node, node.open(app, raw=socket), socket)
 
@@ -231,7 +231,7 @@ async def refuse(send: Send, code: ErrorCode, message: str) -> None:
     """Accept the handshake, send ``pusher:error`` with ``code`` and close with it."""
     await send({"type": "websocket.accept"})
     await send({"type": "websocket.send", "text": protocol.error(code, message).decode()})
-    await send({"type": "websocket.close", "code": int(code), "reason": message[:120]})
+    await send({"type": "websocket.close", "code": int(code), "reason": close_reason(message)})
 
 
 def _report(conn: Connection, exc: ProtocolError) -> None:
@@ -245,7 +245,7 @@ def _report(conn: Connection, exc: ProtocolError) -> None:
     else:
         conn.send(Outgoing(protocol.error(exc.code, exc.message)))
     if exc.close:
-        conn.close(exc.code, exc.message[:120])
+        conn.close(exc.code, exc.message)
 
 
 def _query_value(scope: Scope, name: str) -> str | None:

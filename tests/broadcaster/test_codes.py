@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from broadcaster import codes
+from broadcaster._frames import close_reason
 from broadcaster.codes import SLOW_CONSUMER, ErrorCode
 from broadcaster.exceptions import ApiError, BroadcasterError, ProtocolError
 
@@ -70,3 +71,15 @@ def test_exceptions_share_a_base_and_protocol_errors_are_value_errors() -> None:
     api = ApiError(401, "bad key")
     assert isinstance(api, BroadcasterError)
     assert api.body() == {"error": "bad key", "status": 401}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected_bytes"),
+    [("short", 5), ("a" * 200, 123), ("é" * 80, 122), ("x" + "€" * 60, 121)],
+)
+def test_close_reasons_fit_a_close_frame_without_splitting_a_character(
+    text: str, expected_bytes: int
+) -> None:
+    reason = close_reason(text)
+    assert len(reason.encode()) == expected_bytes
+    assert text.startswith(reason)

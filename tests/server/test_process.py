@@ -6,6 +6,8 @@ import asyncio
 import signal
 from pathlib import Path
 
+import websockets
+
 from tests.conftest import ServerFactory
 from tests.server.conftest import Client, write_apps
 
@@ -77,4 +79,29 @@ def test_graceful_shutdown_is_bounded_when_a_client_never_answers(
 
     asyncio.run(scenario())
     server.stop()
+    assert "Finished server process" in server.log
+
+
+def test_a_refusal_quoting_a_long_non_ascii_key_still_closes_cleanly(
+    server_factory: ServerFactory,
+) -> None:
+    """The close reason quotes the key from the URL; cut by characters it overflowed the
+    123-byte limit of a close frame, the close handshake broke and the server crashed
+    while shutting down."""
+    server = server_factory()
+
+    async def attempt() -> int | None:
+        client_url = f"{server.ws_url}/app/{'é' * 80}?protocol=7"
+        async with websockets.connect(client_url) as ws:
+            first = await ws.recv()
+            assert '"code\\":4001' in str(first)
+            try:
+                await asyncio.wait_for(ws.recv(), 5)
+            except websockets.ConnectionClosed as exc:
+                return exc.rcvd.code if exc.rcvd is not None else None
+        return None
+
+    assert asyncio.run(attempt()) == 4001
+    assert server.stop() in (0, -signal.SIGTERM)
+    assert "Traceback" not in server.log
     assert "Finished server process" in server.log
