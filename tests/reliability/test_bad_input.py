@@ -400,15 +400,18 @@ async def client_event_flood(server: ServerProcess) -> int:
 
 
 async def subscribe_flood(server: ServerProcess, channels: int = 500) -> int:
-    """Hundreds of subscriptions sent at once from one connection: each answered."""
+    """Hundreds of subscriptions sent at once from one connection: each answered, the
+    first ``max_channels_per_connection`` (128) accepted and the rest refused with 4308."""
+    limit = 128
     client = await Client.connect(server.ws_url + WS_PATH)
     for n in range(channels):
         await client.send("pusher:subscribe", {"channel": f"flood.{n}"})
-    answered = 0
-    while answered < channels:
-        message = await client.recv(within=10)
-        assert message["event"] == "pusher_internal:subscription_succeeded", message
-        answered += 1
+    answers = [await client.recv(within=10) for _ in range(channels)]
+    accepted = [a for a in answers if a["event"] == "pusher_internal:subscription_succeeded"]
+    refused = [a for a in answers if a["event"] == "pusher:subscription_error"]
+    assert len(accepted) == limit, answers[limit - 1 : limit + 1]
+    assert len(refused) == channels - limit
+    assert {a["data"]["code"] for a in refused} == {4308}
     await client.close()
     return channels
 
