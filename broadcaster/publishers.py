@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exp
 from broadcaster.backends.base import Backend, BackendUnavailable
 from broadcaster.envelope import Envelope
 from broadcaster.publication import Publication
-from broadcaster.signing import body_md5, sign_request
+from broadcaster.signing import signed_params
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -289,13 +288,7 @@ class PusherHTTPPublisher(BufferedPublisher):
         await self._post(path, orjson.dumps({"batch": events}))
 
     async def _post(self, path: str, body: bytes) -> None:
-        params = {
-            "auth_key": self._key,
-            "auth_timestamp": str(int(time.time())),
-            "auth_version": "1.0",
-            "body_md5": body_md5(body),
-        }
-        params["auth_signature"] = sign_request(self._secret, "POST", path, params)
+        params = signed_params(self._key, self._secret, "POST", path, body)
         url = f"{self._base}{path}?{urlencode(params)}"
         headers = {"Content-Type": "application/json"}
         try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import time
 from collections.abc import Mapping
 
 from broadcaster.exceptions import ApiError
@@ -33,6 +34,7 @@ __all__ = [
     "sign_channel",
     "sign_request",
     "sign_user",
+    "signed_params",
     "user_auth",
     "user_string_to_sign",
     "verify_channel_auth",
@@ -137,6 +139,31 @@ def request_string_to_sign(method: str, path: str, params: Mapping[str, str]) ->
 def sign_request(secret: str, method: str, path: str, params: Mapping[str, str]) -> str:
     """The hex ``auth_signature`` of an HTTP API request."""
     return sign(secret, request_string_to_sign(method, path, params))
+
+
+def signed_params(
+    key: str,
+    secret: str,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    *,
+    timestamp: int | None = None,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The query parameters of a signed HTTP API request, as the Pusher SDKs send
+    them: ``auth_key``, ``auth_timestamp`` (now unless given), ``auth_version``,
+    ``body_md5`` (for a non-empty body), ``extra`` and ``auth_signature``."""
+    params = {
+        "auth_key": key,
+        "auth_timestamp": str(int(time.time()) if timestamp is None else timestamp),
+        "auth_version": AUTH_VERSION,
+        **(extra or {}),
+    }
+    if body:
+        params["body_md5"] = body_md5(body)
+    params["auth_signature"] = sign_request(secret, method, path, params)
+    return params
 
 
 def verify_request(

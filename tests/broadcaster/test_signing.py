@@ -15,6 +15,7 @@ from broadcaster.signing import (
     request_string_to_sign,
     sign_channel,
     sign_request,
+    signed_params,
     user_auth,
     verify_channel_auth,
     verify_request,
@@ -159,3 +160,15 @@ def test_a_disabled_app_is_forbidden() -> None:
         verify_request(app, "POST", "/apps/3/events", signed_query(), BODY, TIMESTAMP)
     assert info.value.status == 403
     assert "disabled" in info.value.message
+
+
+def test_signed_params_reproduce_the_protocol_vector() -> None:
+    params = signed_params(KEY, SECRET, "POST", "/apps/3/events", BODY, timestamp=TIMESTAMP)
+    assert params == signed_query()
+    verify_request(APP, "POST", "/apps/3/events", params, BODY, TIMESTAMP)
+
+
+def test_signed_params_leave_out_body_md5_for_an_empty_body() -> None:
+    params = signed_params(KEY, SECRET, "GET", "/apps/3/channels", timestamp=TIMESTAMP)
+    assert "body_md5" not in params
+    verify_request(APP, "GET", "/apps/3/channels", params, b"", TIMESTAMP)

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from broadcaster.signing import body_md5, sign_request
+from broadcaster.signing import signed_params
 from tests.server.conftest import APP_ID, KEY, SECRET
 from tests.support import REPO
 
@@ -34,16 +34,7 @@ def signed_query(
     extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The query parameters of a correctly signed HTTP API request."""
-    params = {
-        "auth_key": key,
-        "auth_timestamp": str(int(time.time()) if timestamp is None else timestamp),
-        "auth_version": "1.0",
-        **(extra or {}),
-    }
-    if body:
-        params["body_md5"] = body_md5(body)
-    params["auth_signature"] = sign_request(secret, method, path, params)
-    return params
+    return signed_params(key, secret, method, path, body, timestamp=timestamp, extra=extra)
 
 
 def event_body(channel: str, name: str, data: str) -> bytes:

@@ -15,7 +15,7 @@ import httpx
 import pusher
 import pytest
 
-from broadcaster.signing import body_md5, channel_auth, sign_request, user_auth
+from broadcaster.signing import channel_auth, signed_params, user_auth
 from tests.server.conftest import APP_ID, KEY, SECRET, Client, LiveServer, StartServer, write_apps
 
 Connect = Callable[..., Awaitable[Client]]
@@ -44,17 +44,12 @@ def signed(
     md5: str | None = None,
     extra: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """The query parameters of a request signed as the SDKs do (overridable parts)."""
-    params = {
-        "auth_key": key,
-        "auth_timestamp": str(int(time.time()) if timestamp is None else timestamp),
-        "auth_version": "1.0",
-        **(extra or {}),
-    }
-    if body:
-        params["body_md5"] = body_md5(body) if md5 is None else md5
-    params["auth_signature"] = sign_request(secret, method, path, params)
-    return params
+    """The query parameters of a request signed as the SDKs do (overridable parts;
+    ``md5`` replaces the body's real ``body_md5`` before signing)."""
+    if md5 is not None:
+        extra = {**(extra or {}), "body_md5": md5}
+        body = b""  # signed as given, not computed from the body
+    return signed_params(key, secret, method, path, body, timestamp=timestamp, extra=extra)
 
 
 async def post(live: LiveServer, path: str, body: bytes, **options: Any) -> httpx.Response:
