@@ -150,3 +150,19 @@ def test_procfile_web_and_worker_run_an_agent_under_honcho(redis_server: RedisSe
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(20)
+
+
+def test_broadcaster_never_imports_agent_core() -> None:
+    """The dependency points one way (STYLE.md): agent_core may use the broadcaster's
+    client-side pieces; the server reaches the demo only through an entry point."""
+    code = (
+        "import pkgutil, importlib, sys, broadcaster\n"
+        "for m in pkgutil.walk_packages(broadcaster.__path__, 'broadcaster.'):\n"
+        "    if m.name != 'broadcaster.__main__':\n"
+        "        importlib.import_module(m.name)\n"
+        "print(sorted(n for n in sys.modules if n.split('.')[0] == 'agent_core'))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "[]"
