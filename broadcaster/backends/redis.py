@@ -318,10 +318,15 @@ class RedisBackend:
         self._pong_at = 0.0
         self._channels: set[bytes] = set()
         self._waiters: dict[tuple[bytes, bytes], deque[asyncio.Future[None]]] = {}
+        # (UN)SUBSCRIBE commands of this tick, not sent yet, and their callers' futures.
+        self._pubsub_outbox: list[tuple[bytes, bytes, asyncio.Future[None]]] = []
         self._presence: dict[str, dict[str, bytes]] = {}
         self._presence_dirty: set[str] = set()
         self._counts: dict[str, dict[str, int]] = {}
         self._counts_dirty = False
+        self._counts_pending: set[tuple[str, str]] = set()  # to write in this tick's batch
+        self._counts_written: asyncio.Future[None] | None = None  # ...when it is written
+        self._counts_writer: asyncio.Task[None] | None = None  # the write in flight
         self._tasks: list[asyncio.Task[None]] = []
         self._outbox: list[_Outgoing] = []  # publications of this tick, not sent yet
         self._sending: set[asyncio.Task[None]] = set()
@@ -665,18 +670,53 @@ class RedisBackend:
         if not self._ready:
             self._counts_dirty = True
             return
-        key = self._key(app_id, "subs", self._node_id)
-        pipe = self._client.pipeline(transaction=False)
-        if count > 0:
-            pipe.hset(key, channel, count)
-        else:
-            pipe.hdel(key, channel)
-        self._refresh_counts(pipe, app_id)
+        # The counts changed in one tick (a reconnect storm: thousands) are written in
+        # one pipeline, one write in flight at a time so the values arrive in order.
+        written = self._counts_written
+        if not self._counts_pending or written is None:
+            loop = asyncio.get_running_loop()
+            written = self._counts_written = loop.create_future()
+            if self._counts_writer is None:
+                loop.call_soon(self._write_counts_soon)
+        self._counts_pending.add((app_id, channel))
+        await asyncio.shield(written)
+
+    def _write_counts_soon(self) -> None:
+        if self._counts_writer is None and self._counts_pending:
+            task = asyncio.get_running_loop().create_task(self._write_counts())
+            self._counts_writer = task
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    async def _write_counts(self) -> None:
+        """Write this node's count of every pending (app, channel); never fails (a
+        failed write is retried by the heartbeat)."""
+        pending, self._counts_pending = self._counts_pending, set()
+        written = self._counts_written
+        assert written is not None
         try:
-            await pipe.execute()
+            if self._ready:
+                pipe = self._client.pipeline(transaction=False)
+                for app_id, channel in pending:
+                    key = self._key(app_id, "subs", self._node_id)
+                    count = self._counts.get(app_id, {}).get(channel, 0)
+                    if count > 0:
+                        pipe.hset(key, channel, count)
+                    else:
+                        pipe.hdel(key, channel)
+                for app_id in {app_id for app_id, _ in pending}:
+                    self._refresh_counts(pipe, app_id)
+                await pipe.execute()
+            else:
+                self._counts_dirty = True
         except _ERRORS as exc:
             self._counts_dirty = True
-            log.debug("subscription count not written (%s); retried by the heartbeat", exc)
+            log.debug("subscription counts not written (%s); retried by the heartbeat", exc)
+        finally:
+            if not written.done():
+                written.set_result(None)
+            self._counts_writer = None
+            self._write_counts_soon()  # what changed during this write
 
     async def subscription_counts(self, app_id: str) -> dict[str, int]:
         """Raises:
@@ -867,24 +907,63 @@ class RedisBackend:
 
     async def _pubsub_command(self, kind: bytes, name: bytes) -> None:
         """Send SUBSCRIBE/UNSUBSCRIBE and wait for Redis to confirm it; give up quietly
-        when the connection is lost (the reconnection restores ``_channels``)."""
+        when the connection is lost (the reconnection restores ``_channels``).
+
+        The commands of one event-loop tick go out together (one SUBSCRIBE naming many
+        channels), in the order of the calls; each caller waits for its own channel's
+        confirmation."""
         conn = self._pubsub
         if conn is None or not conn.is_connected:
             return
-        waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
         waiters = self._waiters.setdefault((kind, name), deque())
         waiters.append(waiter)
+        self._pubsub_outbox.append((kind, name, waiter))
+        if len(self._pubsub_outbox) == 1:
+            loop.call_soon(self._send_pubsub_outbox)
         try:
-            await conn.send_command(kind.upper(), name, check_health=False)
-            async with asyncio.timeout(self.command_timeout):
-                await waiter
-        except (*_ERRORS, TimeoutError) as exc:
-            log.debug("%s %r not confirmed (%s); restored on reconnection", kind, name, exc)
+            await waiter
         finally:
             if waiter in waiters:
                 waiters.remove(waiter)
             if not waiters and self._waiters.get((kind, name)) is waiters:
                 del self._waiters[(kind, name)]  # one entry per channel ever used adds up
+
+    def _send_pubsub_outbox(self) -> None:
+        # Commands whose waiter is done were cancelled, or overtaken by a lost
+        # connection (then the reconnection subscribes to what ``_channels`` holds).
+        batch = [item for item in self._pubsub_outbox if not item[2].done()]
+        self._pubsub_outbox = []
+        conn = self._pubsub
+        if not batch:
+            return
+        if conn is None or not conn.is_connected:
+            _give_up(batch, "no connection")
+            return
+        commands: list[list[bytes]] = []
+        for kind, name, _ in batch:
+            if commands and commands[-1][0] == kind:
+                commands[-1].append(name)
+            else:
+                commands.append([kind, name])
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._send_pubsub(conn, commands, batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+        loop.call_later(self.command_timeout, _give_up, batch, "timed out")
+
+    @staticmethod
+    async def _send_pubsub(
+        conn: AbstractConnection,
+        commands: list[list[bytes]],
+        batch: list[tuple[bytes, bytes, asyncio.Future[None]]],
+    ) -> None:
+        try:
+            packed = conn.pack_commands([(kind.upper(), *names) for kind, *names in commands])
+            await conn.send_packed_command(packed, check_health=False)
+        except _ERRORS as exc:
+            _give_up(batch, str(exc))
 
     def _confirm(self, kind: bytes, name: bytes) -> None:
         waiters = self._waiters.get((kind, name))
@@ -958,6 +1037,15 @@ class RedisBackend:
                 pipe.hdel(key, *local)
         async with asyncio.timeout(self.command_timeout):
             await pipe.execute()
+
+
+def _give_up(batch: list[tuple[bytes, bytes, asyncio.Future[None]]], reason: str) -> None:
+    """Release the callers of pub/sub commands not confirmed (a reconnection restores
+    the subscriptions)."""
+    for kind, name, waiter in batch:
+        if not waiter.done():
+            log.debug("%s %r not confirmed (%s); restored on reconnection", kind, name, reason)
+            waiter.set_result(None)
 
 
 def _check_options(
