@@ -43,7 +43,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.connection import AbstractConnection, Connection, parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -84,6 +84,8 @@ FORMAT_VERSION = 1
 log = logging.getLogger(__name__)
 
 _ERRORS = (RedisError, OSError)
+_MAX_CONNECTIONS = 100  # to Redis, besides the pub/sub connection
+_POOL_WAIT = 10  # command timeouts a command may wait for a free connection
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,13 +304,18 @@ class RedisBackend:
         self._node_id = node_id or secrets.token_hex(8)
         self._node_key = f"{prefix}:#node:{self._node_id}"
         self._node_prefix = f"{prefix}:#node:"
-        self._client = Redis.from_url(
+        # A reconnect storm makes thousands of concurrent commands (history reads,
+        # presence): they wait for one of the pool's connections instead of failing.
+        pool = BlockingConnectionPool.from_url(
             url,
+            max_connections=_MAX_CONNECTIONS,
+            timeout=_POOL_WAIT * command_timeout,
             protocol=2,
             socket_timeout=command_timeout,
             socket_connect_timeout=connect_timeout,
             retry=Retry(NoBackoff(), 0),
         )
+        self._client = Redis(connection_pool=pool)
         self._ready = False
         self._stopped = True
         self._ever_connected = False
@@ -696,15 +703,18 @@ class RedisBackend:
         assert written is not None
         try:
             if self._ready:
-                pipe = self._client.pipeline(transaction=False)
+                by_app: dict[str, list[str]] = {}
                 for app_id, channel in pending:
+                    by_app.setdefault(app_id, []).append(channel)
+                pipe = self._client.pipeline(transaction=False)
+                for app_id, channels in by_app.items():  # one HSET, one HDEL per app
                     key = self._key(app_id, "subs", self._node_id)
-                    count = self._counts.get(app_id, {}).get(channel, 0)
-                    if count > 0:
-                        pipe.hset(key, channel, count)
-                    else:
-                        pipe.hdel(key, channel)
-                for app_id in {app_id for app_id, _ in pending}:
+                    counts = self._counts.get(app_id, {})
+                    kept = {c: counts[c] for c in channels if c in counts}
+                    if kept:
+                        pipe.hset(key, mapping=kept)  # type: ignore[arg-type]
+                    if len(kept) < len(channels):
+                        pipe.hdel(key, *(c for c in channels if c not in counts))
                     self._refresh_counts(pipe, app_id)
                 await pipe.execute()
             else:

@@ -3,6 +3,7 @@ the pub/sub connection's settings and the publisher used by agent processes."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import uuid
@@ -10,10 +11,15 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 
 from broadcaster.backends import BackendUnavailable, PresenceMember, create_backend
-from broadcaster.backends.redis import RedisBackend, decode_publication, publish_via_redis
+from broadcaster.backends.redis import (
+    RedisBackend,
+    decode_publication,
+    publication_channel,
+    publish_via_redis,
+)
 from broadcaster.publication import Position, Publication
 from tests.backends.helpers import APP, Node, eventually, eventually_async
 from tests.support import RedisServer, free_port
@@ -155,6 +161,98 @@ async def test_a_dead_nodes_presence_and_counts_disappear_after_its_ttl(
 
     await eventually_async(gone, "the dead node's presence and counts to disappear")
     assert await survivor.backend.presence_add(APP, "presence-room", "2.1", alice) is True
+
+
+async def test_a_storm_of_subscriptions_in_one_tick_is_each_in_effect_on_return(
+    redis_server: RedisServer, cluster: Callable[..., Any]
+) -> None:
+    """A reconnect storm: many channels subscribed and counted at once (sent to Redis
+    together); each subscribe returns only once its channel is delivered here, and
+    every count, including one that went up and down in the same tick, is right."""
+    subscriber = await cluster(redis_server.url)
+    publisher = await cluster(redis_server.url)
+    channels = [f"storm-{i}" for i in range(300)]
+    pool = BlockingConnectionPool.from_url(redis_server.url)
+    client = Redis(connection_pool=pool)
+    prefix = subscriber.backend.prefix
+    listeners: list[int] = []
+
+    async def join(channel: str) -> None:
+        await subscriber.backend.subscribe(APP, channel)
+        [(_, n)] = await client.pubsub_numsub(publication_channel(prefix, APP, channel))
+        listeners.append(n)
+        await publisher.backend.publish(pub(channel, channel), history=False)
+
+    try:
+        await asyncio.gather(*map(join, channels))
+    finally:
+        await client.aclose()
+        await pool.disconnect()
+    assert listeners == [1] * len(channels)
+    await asyncio.gather(
+        *(subscriber.backend.add_subscriptions(APP, c, 1) for c in channels),
+        subscriber.backend.add_subscriptions(APP, "storm-0", 2),
+        subscriber.backend.add_subscriptions(APP, "brief", 1),
+        subscriber.backend.add_subscriptions(APP, "brief", -1),
+    )
+
+    for channel in channels:
+        await subscriber.wait_for(channel)
+    expected = dict.fromkeys(channels, 1) | {"storm-0": 3}
+    assert await publisher.backend.subscription_counts(APP) == expected
+
+
+async def test_subscribes_sent_together_each_wait_for_redis_to_confirm(
+    redis_factory: RedisFactory, cluster: Callable[..., Any]
+) -> None:
+    """Subscribing, then reading the history is safe only if subscribe returns once Redis
+    confirmed: while Redis holds its clients, no subscribe of the batch returns."""
+    redis = redis_factory()
+    node = await cluster(redis.url)
+    admin = Redis.from_url(redis.url)
+    try:
+        await admin.client_pause(1000, all=True)  # ends by itself
+        joins = [asyncio.create_task(node.backend.subscribe(APP, f"c{i}")) for i in range(20)]
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not any(join.done() for join in joins)
+        await asyncio.gather(*joins)
+        names = [publication_channel(node.backend.prefix, APP, f"c{i}") for i in range(20)]
+        assert [n for _, n in await admin.pubsub_numsub(*names)] == [1] * 20
+    finally:
+        await admin.aclose()
+
+
+async def test_a_storm_of_history_reads_waits_for_connections_instead_of_failing(
+    redis_server: RedisServer, cluster: Callable[..., Any]
+) -> None:
+    """Thousands of clients resuming at once read more histories concurrently than the
+    node has connections to Redis: every read succeeds."""
+    node = await cluster(redis_server.url)
+    await node.backend.publish(pub("missed", "storm"))
+
+    results = await asyncio.gather(
+        *(node.backend.history(APP, "storm", Position(0, "old")) for _ in range(1000))
+    )
+
+    assert {r.position.offset for r in results} == {1}
+
+
+async def test_unsubscribing_in_the_tick_of_the_subscribe_leaves_the_channel_unsubscribed(
+    redis_server: RedisServer, cluster: Callable[..., Any]
+) -> None:
+    node = await cluster(redis_server.url)
+    await asyncio.gather(
+        node.backend.subscribe(APP, "chat"),
+        node.backend.unsubscribe(APP, "chat"),
+        node.backend.subscribe(APP, "news"),
+    )
+
+    await node.backend.publish(pub("dropped", "chat"), history=False)
+    await node.backend.publish(pub("kept", "news"), history=False)
+    await node.fence()
+    assert node.on("chat") == []
+    assert [p.data for p in node.on("news")] == ["kept"]
 
 
 async def test_the_pubsub_connection_has_no_socket_timeout(
