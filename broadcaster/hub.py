@@ -53,7 +53,7 @@ def encode(publication: Publication) -> Outgoing:
 class _Recovery:
     """Live publications held back while a resuming connection's history is read."""
 
-    held: list[tuple[Publication, Outgoing]] = field(default_factory=list)
+    held: list[tuple[Publication, Outgoing]] | None = None  # made when the first is held
 
 
 @dataclass(slots=True)
@@ -69,7 +69,7 @@ class _Seam:
 class _Channel:
     subscribers: dict[Connection, _Recovery | _Seam | None] = field(default_factory=dict)
     # Set while the backend subscription is being made; waited on by later subscribers.
-    ready: asyncio.Event | None = None
+    ready: asyncio.Future[None] | None = None
     # The last position delivered here, and the publications held while a gap is filled.
     last: Position | None = None
     filling: list[Publication] | None = None
@@ -109,13 +109,13 @@ class Hub:
         entry = self._channels.get(key)
         recovery = _Recovery() if recovering else None
         if entry is None:
-            entry = self._channels[key] = _Channel(ready=asyncio.Event())
+            entry = self._channels[key] = _Channel(ready=asyncio.get_running_loop().create_future())
             entry.subscribers[conn] = recovery
             await self._subscribe_backend(key, entry)
         else:
             entry.subscribers[conn] = recovery
             if entry.ready is not None:
-                await entry.ready.wait()
+                await asyncio.shield(entry.ready)
         if self._channels.get(key) is not entry:  # the backend subscription failed
             raise BackendUnavailable(f"cannot subscribe to {channel!r} now; retry later")
 
@@ -133,7 +133,7 @@ class Hub:
             raise
         finally:
             entry.ready = None
-            ready.set()
+            ready.set_result(None)
         if not entry.subscribers and self._channels.get(key) is entry:
             self._leave(key)  # every subscriber left while the subscription was made
 
@@ -156,7 +156,7 @@ class Hub:
         recovery = None if entry is None else entry.subscribers.get(conn)
         if entry is None or not isinstance(recovery, _Recovery):
             return
-        for publication, message in recovery.held:
+        for publication, message in recovery.held or ():
             if _is_new(publication.position, after):
                 after = publication.position
                 if publication.exclude_socket_id != conn.socket_id:
@@ -238,6 +238,8 @@ class Hub:
     ) -> bool:
         """Whether a connection that is resuming takes ``publication`` live now."""
         if isinstance(state, _Recovery):
+            if state.held is None:
+                state.held = []
             state.held.append((publication, message))
             return False
         if not _is_new(publication.position, state.after):

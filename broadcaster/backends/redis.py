@@ -927,7 +927,9 @@ class RedisBackend:
             return
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
-        waiters = self._waiters.setdefault((kind, name), deque())
+        waiters = self._waiters.get((kind, name))
+        if waiters is None:
+            waiters = self._waiters[(kind, name)] = deque()
         waiters.append(waiter)
         self._pubsub_outbox.append((kind, name, waiter))
         if len(self._pubsub_outbox) == 1:
