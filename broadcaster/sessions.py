@@ -118,7 +118,8 @@ async def private_session_exists(node: Node, app: AppConfig, session_id: str) ->
     channel = private_channel(session_id)
     if await node.backend.load_value(app.id, state_key(channel)) is not None:
         return True
-    return (await node.backend.position(app.id, channel)).offset > 0
+    latest = await node.backend.latest(app.id, channel)
+    return latest is not None and latest.offset > 0
 
 
 async def session_channel(node: Node, app: AppConfig, request: Request, session_id: str) -> str:

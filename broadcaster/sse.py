@@ -342,8 +342,10 @@ async def _session_stream(node: Node, request: Request) -> tuple[AppConfig, str,
     app = request_app(node, request)
     since = _since(request)
     channel = await session_channel(node, app, request, session_id)
-    latest = await node.backend.position(app.id, channel)
-    if latest.offset > 0 or (since is not None and since.epoch == latest.epoch):
+    latest = await node.backend.latest(app.id, channel)
+    if latest is not None and (
+        latest.offset > 0 or (since is not None and since.epoch == latest.epoch)
+    ):
         return app, channel, since
     if await node.backend.load_value(app.id, state_key(channel)) is None:
         raise _Refused(

@@ -106,6 +106,16 @@ class Backend(Protocol):
         """
         ...
 
+    async def latest(self, app_id: str, channel: str) -> Position | None:
+        """The channel's latest position, or None when it has none (never published
+        to, or forgotten). Unlike :meth:`position` it creates nothing, so requests that
+        merely ask about a channel cannot make the backend hold state for it.
+
+        Raises:
+            BackendUnavailable: the backend cannot be read now.
+        """
+        ...
+
     async def history(self, app_id: str, channel: str, since: Position) -> HistoryResult:
         """Publications after ``since`` (exclusive), oldest first.
 

@@ -196,6 +196,12 @@ class MemoryBackend:
         kept = len(stream.entries)
         return HistoryResult(tuple(islice(stream.entries, kept - missed, kept)), True, latest)
 
+    async def latest(self, app_id: str, channel: str) -> Position | None:
+        stream = self._streams.get((app_id, channel))
+        if stream is None or stream.meta_expires_at <= self._clock():
+            return None
+        return Position(stream.offset, stream.epoch)
+
     async def position(self, app_id: str, channel: str) -> Position:
         stream = self._stream((app_id, channel))
         return Position(stream.offset, stream.epoch)

@@ -552,6 +552,17 @@ class RedisBackend:
         publications = tuple(map(decode_publication, reply[3:]))
         return HistoryResult(publications, recovered=True, position=position)
 
+    async def latest(self, app_id: str, channel: str) -> Position | None:
+        """See :meth:`broadcaster.backends.base.Backend.latest` (reads only)."""
+        self._check_ready()
+        try:
+            epoch, offset = await self._client.hmget(self._key(app_id, "meta", channel), "e", "o")
+        except _ERRORS as exc:
+            raise self._failed("read a channel's position", exc) from exc
+        if epoch is None:
+            return None
+        return Position(int(offset or 0), _text(epoch))
+
     async def position(self, app_id: str, channel: str) -> Position:
         reply = await self._history(app_id, channel, Position(0, ""), read=False)
         return Position(int(reply[1]), _text(reply[0]))

@@ -463,3 +463,15 @@ async def test_store_value_rejects_a_non_positive_ttl(backend_factory: BackendFa
     node = await backend_factory.node()
     with pytest.raises(ValueError, match="ttl must be a positive"):
         await node.backend.store_value(APP, "k", b"x", ttl=0)
+
+
+async def test_latest_reads_a_position_without_creating_one(
+    backend_factory: BackendFactory,
+) -> None:
+    node = await backend_factory.node()
+    assert await node.backend.latest(APP, "never") is None
+    assert await node.backend.latest(APP, "never") is None, "asking created nothing"
+    handed_out = await node.backend.position(APP, "fresh")
+    assert await node.backend.latest(APP, "fresh") == handed_out
+    published = await node.backend.publish(pub("fresh"))
+    assert await node.backend.latest(APP, "fresh") == published

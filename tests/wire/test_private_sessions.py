@@ -137,3 +137,17 @@ async def test_a_run_on_someone_elses_private_session_needs_its_token(
     assert stranger.status_code == 403
     assert "token" not in stranger.json()
     assert owner.status_code == 202
+
+
+async def test_probing_unknown_sessions_leaves_nothing_behind(private_demo: LiveServer) -> None:
+    """Asking about a session that does not exist (state, SSE, a token check) must not
+    make the backend create a channel for it: anyone can send such requests."""
+    async with httpx.AsyncClient() as http:
+        for n in range(5):
+            state = await http.get(f"{private_demo.url}/api/sessions/probe-{n}/state")
+            events = await http.get(f"{private_demo.url}/api/sessions/probe-{n}/events")
+            assert (state.status_code, events.status_code) == (404, 404)
+    backend = private_demo.node.backend
+    for n in range(5):
+        for channel in (f"agent.probe-{n}", f"private-agent.probe-{n}"):
+            assert await backend.latest("1", channel) is None
