@@ -28,6 +28,16 @@ async def authorise(live: LiveServer, socket_id: str, channel: str, token: str) 
         return await http.post(f"{live.url}/broadcasting/auth", data=fields)
 
 
+async def finished_private_run(live: LiveServer, clients: Connect) -> dict[str, Any]:
+    """Start a private run and follow it, authorised with its token, to its end."""
+    run = await start_run(live.url)
+    client = await clients(live.app_url())
+    granted = await authorise(live, client.socket_id, run["channel"], run["auth"]["token"])
+    await client.subscribe(run["channel"], auth=granted.json()["auth"], position=run["position"])
+    await read_run(client)
+    return run
+
+
 async def test_config_announces_private_sessions(private_demo: LiveServer) -> None:
     async with httpx.AsyncClient() as http:
         config = (await http.get(f"{private_demo.url}/api/demo/config")).json()
@@ -100,11 +110,7 @@ async def test_auth_endpoint_rejects_bad_requests(
 async def test_a_private_sessions_state_needs_its_token(
     private_demo: LiveServer, clients: Connect
 ) -> None:
-    run = await start_run(private_demo.url)
-    client = await clients(private_demo.app_url())
-    granted = await authorise(private_demo, client.socket_id, run["channel"], run["auth"]["token"])
-    await client.subscribe(run["channel"], auth=granted.json()["auth"], position=run["position"])
-    await read_run(client)
+    run = await finished_private_run(private_demo, clients)
     url = f"{private_demo.url}{run['state_url']}"
     async with httpx.AsyncClient() as http:
         anonymous = await http.get(url)
@@ -121,11 +127,7 @@ async def test_a_run_on_someone_elses_private_session_needs_its_token(
     private_demo: LiveServer, clients: Connect
 ) -> None:
     """Otherwise the 202 answer would hand out that session's token."""
-    run = await start_run(private_demo.url)
-    client = await clients(private_demo.app_url())
-    granted = await authorise(private_demo, client.socket_id, run["channel"], run["auth"]["token"])
-    await client.subscribe(run["channel"], auth=granted.json()["auth"], position=run["position"])
-    await read_run(client)
+    run = await finished_private_run(private_demo, clients)
     body = {"input": "mine now?", "session_id": run["session_id"]}
     async with httpx.AsyncClient() as http:
         stranger = await http.post(f"{private_demo.url}/run", json=body)
