@@ -40,11 +40,13 @@ from starlette.staticfiles import StaticFiles
 from agent_core import agui
 from agent_core.runs import DriverFactory, RunManager, RunRequest, RunStarter, SessionBusy
 from agent_core.worker import RunQueue
+from broadcaster._text import excerpt
 from broadcaster.backends import BackendUnavailable
 from broadcaster.extensions import ExtensionContext, ExtensionError
 from broadcaster.node import Node
 from broadcaster.publishers import BackendStateStore, InProcessPublisher, state_key
 from broadcaster.sessions import (
+    SESSION_ID,
     bearer_token,
     private_channel,
     private_session_exists,
@@ -53,7 +55,7 @@ from broadcaster.sessions import (
     token_grants,
 )
 from broadcaster.settings import AppConfig
-from broadcaster.signing import channel_auth
+from broadcaster.signing import InvalidSocketId, channel_auth, check_socket_id
 
 __all__ = ["FRONTEND_DIR", "DemoSettings", "install", "private_channel", "session_token"]
 
@@ -263,6 +265,11 @@ def _describe(exc: ValidationError) -> str:
 
 
 def _auth(demo: _Demo) -> Any:
+    """``POST /broadcasting/auth``: the channel signature of ``private-agent.<session>``
+    for the holder of that session's token, for a real socket id only (``<digits>.
+    <digits>``): the app secret also signs the HTTP API, so signing caller-chosen text
+    would hand out signatures of requests nobody authorized."""
+
     async def auth(request: Request) -> Response:
         fields = await _fields(request)
         socket_id = fields.get("socket_id", "")
@@ -270,9 +277,13 @@ def _auth(demo: _Demo) -> Any:
         token = fields.get("session_token", "")
         if not socket_id or not channel:
             return _error(400, "socket_id and channel_name are required")
+        try:
+            check_socket_id(socket_id)
+        except InvalidSocketId as exc:
+            return _error(400, str(exc))
         session_id = channel.removeprefix("private-agent.")
-        if not channel.startswith("private-agent.") or not session_id:
-            return _error(403, f"{channel!r} is not a private agent session channel")
+        if not channel.startswith("private-agent.") or not SESSION_ID.match(session_id):
+            return _error(403, f"{excerpt(channel)} is not a private agent session channel")
         if not token_grants(demo.app, token, session_id):
             return _error(403, f"the session token does not grant {channel!r}")
         return JSONResponse(

@@ -22,6 +22,7 @@ import orjson
 
 from broadcaster import protocol
 from broadcaster._frames import Outgoing
+from broadcaster._text import excerpt
 from broadcaster._uvicorn import RawSocket
 from broadcaster.backends import create_backend
 from broadcaster.backends.base import Backend, BackendUnavailable, PresenceMember
@@ -137,7 +138,7 @@ class Node:
         """
         app = self._by_key.get(key)
         if app is None:
-            raise ProtocolError(ErrorCode.APP_NOT_FOUND, f"no app has the key {key!r}")
+            raise ProtocolError(ErrorCode.APP_NOT_FOUND, f"no app has the key {excerpt(key)}")
         if not app.enabled:
             raise ProtocolError(ErrorCode.APP_DISABLED, f"app {app.id!r} is disabled")
         _check_protocol_version(protocol_version)
@@ -468,8 +469,8 @@ def _check_origin(app: AppConfig, origin: str | None) -> None:
         return
     raise ProtocolError(
         ErrorCode.UNAUTHORIZED,
-        f"origin {origin!r} is not allowed for app {app.id!r}; allowed: "
-        + ", ".join(app.allowed_origins),
+        f"origin {None if origin is None else excerpt(origin, 100)} is not allowed for "
+        f"app {app.id!r}; allowed: " + ", ".join(app.allowed_origins),
     )
 
 
@@ -492,12 +493,14 @@ def _check_protocol_version(version: str | None) -> None:
     if not (version.isascii() and version.isdigit()):
         raise ProtocolError(
             ErrorCode.INVALID_VERSION,
-            f"protocol version {version!r} is not a number; use protocol={PROTOCOL_VERSION}",
+            f"protocol version {excerpt(version)} is not a number; use protocol={PROTOCOL_VERSION}",
         )
-    if int(version) != PROTOCOL_VERSION:
+    # Compared as text: int() of thousands of digits raises (and costs time).
+    if version.lstrip("0") != str(PROTOCOL_VERSION):
         raise ProtocolError(
             ErrorCode.UNSUPPORTED_PROTOCOL,
-            f"protocol version {version} is not supported; use protocol={PROTOCOL_VERSION}",
+            f"protocol version {excerpt(version)} is not supported; "
+            f"use protocol={PROTOCOL_VERSION}",
         )
 
 

@@ -25,7 +25,6 @@ Our extensions, which other Pusher servers and pusher-js ignore:
 
 from __future__ import annotations
 
-import re
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from typing import Any, ClassVar, TypeAlias
 
 import orjson
 
+from broadcaster._text import excerpt
 from broadcaster.channels import (
     ChannelKind,
     channel_kind,
@@ -45,6 +45,7 @@ from broadcaster.publication import Position
 from broadcaster.settings import AppConfig
 from broadcaster.signing import (
     channel_string_to_sign,
+    is_valid_socket_id,
     user_string_to_sign,
     verify_channel_auth,
     verify_user_auth,
@@ -99,7 +100,6 @@ _CLIENT_COMMANDS = (
     "pusher:subscribe, pusher:unsubscribe, pusher:ping, pusher:pong, pusher:signin "
     "and client-* events"
 )
-_SOCKET_ID = re.compile(r"[0-9]+\.[0-9]+")
 
 
 # -- commands ---------------------------------------------------------------------------
@@ -320,7 +320,10 @@ def _parse_pong(message: dict[str, Any]) -> Pong:
 
 
 def _parse_signin(message: dict[str, Any]) -> Signin:
-    data = _pusher_data(message, "pusher:signin")
+    try:
+        data = _pusher_data(message, "pusher:signin")
+    except ProtocolError as exc:  # a sign-in that cannot be read has failed: 4009
+        raise _signin_error(f"pusher:signin failed: {exc.message}") from None
     auth = data.get("auth")
     user_data = data.get("user_data")
     if not isinstance(auth, str) or not isinstance(user_data, str):
@@ -510,7 +513,10 @@ def authorize_subscription(app: AppConfig, socket_id: str, command: Subscribe) -
     """Check the ``auth`` of a subscription to a private or presence channel.
 
     Public channels need nothing. For the others, ``auth`` must be ``"<app key>:<hex
-    HMAC-SHA256>"`` of ``socket_id:channel`` (plus ``:channel_data`` when sent).
+    HMAC-SHA256>"`` of ``socket_id:channel``, plus ``:channel_data`` for a presence
+    channel. ``channel_data`` is refused on a private channel: were it part of the
+    signed text there, a signature of ``<socket>:<other channel>:<own channel>`` (made
+    for the own channel with a forged socket id) would open the other channel.
 
     Raises:
         ProtocolError: ``SUBSCRIPTION_UNAUTHORIZED`` with ``channel`` set; send it as
@@ -520,24 +526,30 @@ def authorize_subscription(app: AppConfig, socket_id: str, command: Subscribe) -
         return
     channel = command.channel
     if command.auth is None:
-        raise ProtocolError(
-            ErrorCode.SUBSCRIPTION_UNAUTHORIZED,
+        raise _unauthorized(
+            channel,
             f"subscribing to {command.kind.value} channel {channel!r} needs data.auth "
             "from your channel authorization endpoint",
-            channel=channel,
-            close=False,
+        )
+    if command.kind is ChannelKind.PRIVATE and command.channel_data is not None:
+        raise _unauthorized(
+            channel,
+            f"channel_data is only for presence channels: the auth of private channel "
+            f"{channel!r} signs '<socket_id>:{channel}' alone; send no channel_data",
         )
     if not verify_channel_auth(
         app.key, app.secret, command.auth, socket_id, channel, command.channel_data
     ):
         signed = channel_string_to_sign(socket_id, channel, command.channel_data)
-        raise ProtocolError(
-            ErrorCode.SUBSCRIPTION_UNAUTHORIZED,
+        raise _unauthorized(
+            channel,
             f"invalid auth for channel {channel!r}: expected '<app key>:' and the hex "
-            f"HMAC-SHA256 of {signed!r} under the app secret",
-            channel=channel,
-            close=False,
+            f"HMAC-SHA256 of {excerpt(signed, 256)} under the app secret",
         )
+
+
+def _unauthorized(channel: str, message: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.SUBSCRIPTION_UNAUTHORIZED, message, channel=channel, close=False)
 
 
 def authorize_signin(app: AppConfig, socket_id: str, command: Signin) -> None:
@@ -550,7 +562,7 @@ def authorize_signin(app: AppConfig, socket_id: str, command: Signin) -> None:
         signed = user_string_to_sign(socket_id, command.user_data)
         raise _signin_error(
             f"invalid pusher:signin auth: expected '<app key>:' and the hex HMAC-SHA256 "
-            f"of {signed!r} under the app secret"
+            f"of {excerpt(signed, 256)} under the app secret"
         )
 
 
@@ -593,11 +605,6 @@ def presence_member_limit(channel: str, limit: int) -> ProtocolError:
 def new_socket_id() -> str:
     """A fresh socket id, ``"<digits>.<digits>"``, from a cryptographically secure source."""
     return f"{secrets.randbelow(10**10)}.{secrets.randbelow(10**10)}"
-
-
-def is_valid_socket_id(value: object) -> bool:
-    """Whether ``value`` has the form of a socket id (``"<digits>.<digits>"``)."""
-    return isinstance(value, str) and _SOCKET_ID.fullmatch(value) is not None
 
 
 # -- server frames ----------------------------------------------------------------------

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hmac
 import re
-from hashlib import sha256
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -26,11 +25,15 @@ from broadcaster.backends.base import BackendUnavailable
 from broadcaster.node import Node
 from broadcaster.publishers import state_key
 from broadcaster.settings import AppConfig
-from broadcaster.signing import channel_auth, verify_channel_auth
+from broadcaster.signing import (
+    SESSION_TOKEN,
+    purpose_signature,
+    stream_auth,
+    verify_stream_auth,
+)
 
 __all__ = [
     "SESSION_ID",
-    "STREAM_SOCKET_ID",
     "SessionRefused",
     "bearer_token",
     "private_channel",
@@ -46,9 +49,6 @@ __all__ = [
 
 SESSION_ID = re.compile(r"^[A-Za-z0-9_\-=@,.;]{1,128}$")
 """Session ids are what may follow ``agent.`` in a channel name."""
-
-STREAM_SOCKET_ID = "sse"
-"""The socket id that HTTP stream authorizations are signed for (there is no socket)."""
 
 
 class SessionRefused(Exception):
@@ -68,22 +68,16 @@ def private_channel(session_id: str) -> str:
 
 
 def session_token(app: AppConfig, session_id: str) -> str:
-    """The bearer token of one private session: hex HMAC-SHA256 of
-    ``demo-session:<session_id>`` under the app secret."""
-    message = f"demo-session:{session_id}".encode()
-    return hmac.new(app.secret.encode(), message, sha256).hexdigest()
+    """The bearer token of one private session: the hex HMAC-SHA256 of its id under the
+    app's :data:`~broadcaster.signing.SESSION_TOKEN` key (derived from the secret, so a
+    token is never a Pusher signature nor a stream authorization)."""
+    return purpose_signature(app.secret, SESSION_TOKEN, session_id)
 
 
 def token_grants(app: AppConfig, token: str | None, session_id: str) -> bool:
     """Whether ``token`` is the session's token (constant-time)."""
     expected = session_token(app, session_id).encode()
     return bool(token) and hmac.compare_digest(str(token).encode(), expected)
-
-
-def stream_auth(app_key: str, app_secret: str, channel: str) -> str:
-    """The ``auth`` query value that opens an HTTP stream of private ``channel``:
-    ``"<app_key>:<hex HMAC-SHA256 of 'sse:<channel>'>"``."""
-    return channel_auth(app_key, app_secret, STREAM_SOCKET_ID, channel)
 
 
 def bearer_token(request: Request) -> str | None:
@@ -137,8 +131,8 @@ async def session_channel(node: Node, app: AppConfig, request: Request, session_
     private = private_channel(session_id)
     token, auth = bearer_token(request), request.query_params.get("auth")
     if token is not None or auth is not None:
-        if token_grants(app, token, session_id) or verify_channel_auth(
-            app.key, app.secret, auth, STREAM_SOCKET_ID, private
+        if token_grants(app, token, session_id) or verify_stream_auth(
+            app.key, app.secret, auth, private
         ):
             return private
         raise SessionRefused(403, f"the token or auth given does not grant session {session_id!r}")

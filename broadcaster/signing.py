@@ -1,50 +1,127 @@
-"""Pusher signatures: channel authorization, user sign-in and signed HTTP API requests.
+"""Signatures: Pusher's (channel authorization, user sign-in, signed HTTP API requests)
+and the project's own (session tokens, HTTP stream authorizations).
 
-Every signature is the hex HMAC-SHA256 of a string under the app secret, and every
-comparison is constant-time (:func:`hmac.compare_digest`).
+Every signature is a hex HMAC-SHA256 and every comparison is constant-time
+(:func:`hmac.compare_digest`).
 
-- Private channel: ``socket_id:channel``; presence channel (or any channel subscribed
-  with ``channel_data``): ``socket_id:channel:channel_data``. The client sends
-  ``auth = "<app_key>:<hex signature>"``.
+Pusher's signatures are made under the raw app secret, because pusher-js backends and
+the Pusher server SDKs compute them so (the protocol's test vectors must hold):
+
+- Private channel: ``socket_id:channel``; presence channel:
+  ``socket_id:channel:channel_data``. The client sends ``auth = "<app_key>:<hex
+  signature>"``. ``channel_data`` counts for presence channels only: the WebSocket
+  refuses it on a private channel (4009, :func:`broadcaster.protocol.authorize_subscription`),
+  so text signed as ``socket_id:channel:anything`` never opens a private channel.
 - User sign-in: ``socket_id::user::user_data``, ``auth`` in the same form.
 - HTTP API: ``METHOD\\nPATH\\n`` followed by every query parameter but ``auth_signature``,
   keys lowercased, sorted by key, joined as ``k=v`` with ``&`` and not URL-escaped; the
   signature is sent as ``auth_signature``, next to ``auth_key``, ``auth_timestamp``,
   ``auth_version=1.0`` and, for a non-empty body, ``body_md5``.
+
+Since one secret signs all three, whoever can have a text of their choice signed holds a
+signing oracle for all of them. So a socket id must be ``<digits>.<digits>`` (ASCII, at
+most :data:`MAX_SOCKET_ID_LENGTH` characters), as Pusher requires, wherever a channel or
+user signature is made or checked: :func:`sign_channel`, :func:`channel_auth`,
+:func:`sign_user` and :func:`user_auth` raise :class:`InvalidSocketId` for anything else,
+and the ``verify_*`` functions answer False. With the socket id fixed to digits and
+channel names free of ``:``, a channel or sign-in string to sign can never read as
+another kind of string to sign.
+
+The project's own signatures use keys derived per purpose,
+``HMAC-SHA256(secret, "agent-broadcaster/<purpose>/v1")`` (:func:`purpose_key`), so none
+of them is ever valid as a Pusher signature or as one of another purpose:
+
+- :data:`SESSION_TOKEN`: a private session's bearer token, the signature of its id.
+- :data:`STREAM_AUTH`: ``?auth=<app_key>:<signature of the channel>`` opening an HTTP
+  stream (SSE, state) of a private channel (:func:`stream_auth`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import time
 from collections.abc import Mapping
 
+from broadcaster._text import excerpt
 from broadcaster.exceptions import ApiError
 from broadcaster.settings import AppConfig
 
 __all__ = [
     "AUTH_VERSION",
+    "MAX_SOCKET_ID_LENGTH",
+    "MAX_TIMESTAMP_DIGITS",
     "MAX_TIMESTAMP_SKEW",
+    "SESSION_TOKEN",
+    "STREAM_AUTH",
+    "InvalidSocketId",
     "body_md5",
     "channel_auth",
     "channel_string_to_sign",
+    "check_socket_id",
+    "is_valid_socket_id",
+    "purpose_key",
+    "purpose_signature",
     "request_string_to_sign",
     "sign",
     "sign_channel",
     "sign_request",
     "sign_user",
     "signed_params",
+    "stream_auth",
     "user_auth",
     "user_string_to_sign",
     "verify_channel_auth",
     "verify_request",
+    "verify_stream_auth",
     "verify_user_auth",
 ]
 
 AUTH_VERSION = "1.0"
 MAX_TIMESTAMP_SKEW = 600
 """Seconds an ``auth_timestamp`` may differ from the server's clock, either way."""
+MAX_TIMESTAMP_DIGITS = 20
+"""Longest ``auth_timestamp`` read as a number; longer ones are refused (401) unread."""
+MAX_SOCKET_ID_LENGTH = 64
+"""Longest socket id signed or accepted (ours are at most 21 characters)."""
+SESSION_TOKEN = "session-token"  # noqa: S105 (a purpose label, not a secret)
+"""The purpose of a private session's bearer token (:func:`purpose_key`)."""
+STREAM_AUTH = "stream-auth"
+"""The purpose of an HTTP stream authorization (:func:`stream_auth`)."""
+
+_SOCKET_ID = re.compile(r"[0-9]+\.[0-9]+")  # ASCII digits: \d would match any script's
+
+
+class InvalidSocketId(ValueError):
+    """A socket id that is not ``<digits>.<digits>``: nothing is signed for it."""
+
+
+def is_valid_socket_id(value: object) -> bool:
+    """Whether ``value`` is a socket id: ``"<digits>.<digits>"`` (ASCII digits), at most
+    :data:`MAX_SOCKET_ID_LENGTH` characters."""
+    return (
+        isinstance(value, str)
+        and len(value) <= MAX_SOCKET_ID_LENGTH
+        and _SOCKET_ID.fullmatch(value) is not None
+    )
+
+
+def check_socket_id(value: str) -> str:
+    """``value`` if it is a valid socket id.
+
+    Raises:
+        InvalidSocketId: saying what a socket id looks like, with an excerpt of
+            ``value``.
+    """
+    if not is_valid_socket_id(value):
+        raise InvalidSocketId(
+            f"invalid socket_id {excerpt(str(value))}: a socket id is <digits>.<digits> "
+            f"(at most {MAX_SOCKET_ID_LENGTH} characters), as pusher:connection_established "
+            "gave it"
+        )
+    return value
+
 
 _REQUIRED = ("auth_key", "auth_timestamp", "auth_version", "auth_signature")
 
@@ -55,20 +132,32 @@ def sign(secret: str, text: str) -> str:
 
 
 def channel_string_to_sign(socket_id: str, channel: str, channel_data: str | None = None) -> str:
-    """``socket_id:channel``, plus ``:channel_data`` when given."""
-    base = f"{socket_id}:{channel}"
+    """``socket_id:channel``, plus ``:channel_data`` when given.
+
+    Raises:
+        InvalidSocketId: ``socket_id`` is not ``<digits>.<digits>``.
+    """
+    base = f"{check_socket_id(socket_id)}:{channel}"
     return base if channel_data is None else f"{base}:{channel_data}"
 
 
 def sign_channel(secret: str, socket_id: str, channel: str, channel_data: str | None = None) -> str:
-    """The hex signature authorizing ``socket_id`` to subscribe to ``channel``."""
+    """The hex signature authorizing ``socket_id`` to subscribe to ``channel``.
+
+    Raises:
+        InvalidSocketId: ``socket_id`` is not ``<digits>.<digits>``.
+    """
     return sign(secret, channel_string_to_sign(socket_id, channel, channel_data))
 
 
 def channel_auth(
     key: str, secret: str, socket_id: str, channel: str, channel_data: str | None = None
 ) -> str:
-    """The ``auth`` value for a subscription: ``"<key>:<hex signature>"``."""
+    """The ``auth`` value for a subscription: ``"<key>:<hex signature>"``.
+
+    Raises:
+        InvalidSocketId: ``socket_id`` is not ``<digits>.<digits>``.
+    """
     return f"{key}:{sign_channel(secret, socket_id, channel, channel_data)}"
 
 
@@ -83,24 +172,39 @@ def verify_channel_auth(
     """Whether ``auth`` authorizes ``socket_id`` on ``channel`` for this app.
 
     The key part must be ``app_key`` and the signature must match, compared in
-    constant time. A missing or malformed ``auth`` is simply not valid.
+    constant time. A missing or malformed ``auth``, or a malformed ``socket_id``, is
+    simply not valid.
     """
+    if not is_valid_socket_id(socket_id):
+        return False
     expected = sign_channel(app_secret, socket_id, channel, channel_data)
     return _check_auth(app_key, expected, auth)
 
 
 def user_string_to_sign(socket_id: str, user_data: str) -> str:
-    """``socket_id::user::user_data``."""
-    return f"{socket_id}::user::{user_data}"
+    """``socket_id::user::user_data``.
+
+    Raises:
+        InvalidSocketId: ``socket_id`` is not ``<digits>.<digits>``.
+    """
+    return f"{check_socket_id(socket_id)}::user::{user_data}"
 
 
 def sign_user(secret: str, socket_id: str, user_data: str) -> str:
-    """The hex signature of a sign-in of ``socket_id`` as ``user_data``."""
+    """The hex signature of a sign-in of ``socket_id`` as ``user_data``.
+
+    Raises:
+        InvalidSocketId: ``socket_id`` is not ``<digits>.<digits>``.
+    """
     return sign(secret, user_string_to_sign(socket_id, user_data))
 
 
 def user_auth(key: str, secret: str, socket_id: str, user_data: str) -> str:
-    """The ``auth`` value for ``pusher:signin``: ``"<key>:<hex signature>"``."""
+    """The ``auth`` value for ``pusher:signin``: ``"<key>:<hex signature>"``.
+
+    Raises:
+        InvalidSocketId: ``socket_id`` is not ``<digits>.<digits>``.
+    """
     return f"{key}:{sign_user(secret, socket_id, user_data)}"
 
 
@@ -108,8 +212,37 @@ def verify_user_auth(
     app_key: str, app_secret: str, auth: str | None, socket_id: str, user_data: str
 ) -> bool:
     """Whether ``auth`` signs ``socket_id`` in as ``user_data`` for this app
-    (key checked, signature compared in constant time)."""
+    (key checked, signature compared in constant time; a malformed ``socket_id`` is
+    never signed in)."""
+    if not is_valid_socket_id(socket_id):
+        return False
     return _check_auth(app_key, sign_user(app_secret, socket_id, user_data), auth)
+
+
+def purpose_key(secret: str, purpose: str) -> bytes:
+    """The key of one of the project's own signatures:
+    ``HMAC-SHA256(secret, "agent-broadcaster/<purpose>/v1")``, so that a signature made
+    for one purpose is never valid for another, nor as a Pusher signature."""
+    label = f"agent-broadcaster/{purpose}/v1".encode()
+    return hmac.new(secret.encode(), label, hashlib.sha256).digest()
+
+
+def purpose_signature(secret: str, purpose: str, text: str) -> str:
+    """Hex HMAC-SHA256 of ``text`` under :func:`purpose_key` of ``purpose``."""
+    return hmac.new(purpose_key(secret, purpose), text.encode(), hashlib.sha256).hexdigest()
+
+
+def stream_auth(app_key: str, app_secret: str, channel: str) -> str:
+    """The ``?auth=`` value that opens an HTTP stream (SSE, state) of private
+    ``channel``: ``"<app_key>:<hex signature of the channel under the STREAM_AUTH
+    key>"``."""
+    return f"{app_key}:{purpose_signature(app_secret, STREAM_AUTH, channel)}"
+
+
+def verify_stream_auth(app_key: str, app_secret: str, auth: str | None, channel: str) -> bool:
+    """Whether ``auth`` is :func:`stream_auth` of ``channel`` for this app (key checked,
+    signature compared in constant time)."""
+    return _check_auth(app_key, purpose_signature(app_secret, STREAM_AUTH, channel), auth)
 
 
 def _check_auth(app_key: str, expected: str, auth: str | None) -> bool:
@@ -196,10 +329,10 @@ def verify_request(
     if missing:
         raise ApiError(401, _missing_message(missing))
     if not hmac.compare_digest(query["auth_key"].encode(), app.key.encode()):
-        raise ApiError(401, f"unknown auth_key {query['auth_key']!r} for app {app.id!r}")
+        raise ApiError(401, f"unknown auth_key {excerpt(query['auth_key'])} for app {app.id!r}")
     if query["auth_version"] != AUTH_VERSION:
         raise ApiError(
-            401, f"unsupported auth_version {query['auth_version']!r}: use {AUTH_VERSION!r}"
+            401, f"unsupported auth_version {excerpt(query['auth_version'])}: use {AUTH_VERSION!r}"
         )
     _check_timestamp(query["auth_timestamp"], now)
     _check_body_md5(query.get("body_md5"), body)
@@ -215,8 +348,12 @@ def _missing_message(missing: list[str]) -> str:
 
 
 def _check_timestamp(value: str, now: float) -> None:
-    if not (value.isascii() and value.isdigit()):
-        raise ApiError(401, f"auth_timestamp {value!r} is not whole seconds since the epoch")
+    if not (value.isascii() and value.isdigit()) or len(value) > MAX_TIMESTAMP_DIGITS:
+        raise ApiError(
+            401,
+            f"auth_timestamp {excerpt(value)} is not whole seconds since the epoch "
+            f"(at most {MAX_TIMESTAMP_DIGITS} digits; server time is {int(now)})",
+        )
     skew = int(value) - int(now)
     if abs(skew) > MAX_TIMESTAMP_SKEW:
         direction = "ahead of" if skew > 0 else "behind"
@@ -233,7 +370,7 @@ def _check_body_md5(given: str | None, body: bytes) -> None:
             raise ApiError(401, "missing body_md5: a request with a body must sign its MD5")
         return
     if not hmac.compare_digest(given.encode(), body_md5(body).encode()):
-        raise ApiError(401, f"body_md5 {given!r} does not match the MD5 of the request body")
+        raise ApiError(401, f"body_md5 {excerpt(given)} does not match the MD5 of the request body")
 
 
 def _check_signature(secret: str, method: str, path: str, query: Mapping[str, str]) -> None:
@@ -242,6 +379,6 @@ def _check_signature(secret: str, method: str, path: str, query: Mapping[str, st
         text = request_string_to_sign(method, path, query)
         raise ApiError(
             401,
-            f"invalid auth_signature: expected the hex HMAC-SHA256 of {text!r} "
+            f"invalid auth_signature: expected the hex HMAC-SHA256 of {excerpt(text, 256)} "
             "under the app secret",
         )

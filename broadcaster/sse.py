@@ -25,9 +25,9 @@ slow-consumer policy applies: a stream whose unsent bytes would exceed
 
 Authorization (no socket, so no Pusher socket signature):
 
-- ``private-*`` channels need ``?auth=<app_key>:<hex HMAC-SHA256 of "sse:<channel>"
-  under the app secret>`` (:func:`stream_auth`): a Pusher channel signature with the
-  fixed socket id ``sse``, which no WebSocket connection can have.
+- ``private-*`` channels need ``?auth=<app_key>:<hex HMAC-SHA256 of the channel name
+  under the stream-auth key>`` (:func:`broadcaster.signing.stream_auth`): a key derived
+  from the app secret for this purpose only, so it is never a Pusher signature.
 - The session form also accepts ``?token=<session token>`` (or ``Authorization: Bearer``),
   the per-session token the demo hands out (:func:`session_token`). With either, the
   session's private channel ``private-agent.<id>`` is streamed.
@@ -70,15 +70,14 @@ from broadcaster.exceptions import ProtocolError
 from broadcaster.node import Node
 from broadcaster.publication import Position
 from broadcaster.publishers import state_key
-from broadcaster.sessions import STREAM_SOCKET_ID, request_app, session_channel
 from broadcaster.sessions import SessionRefused as _Refused
+from broadcaster.sessions import request_app, session_channel
 from broadcaster.settings import AppConfig
-from broadcaster.signing import verify_channel_auth
+from broadcaster.signing import verify_stream_auth
 
 __all__ = [
     "HEARTBEAT",
     "MEDIA_TYPE",
-    "SSE_SOCKET_ID",
     "ChannelFeed",
     "FeedConnection",
     "FeedItem",
@@ -91,8 +90,6 @@ log = logging.getLogger("broadcaster.sse")
 
 MEDIA_TYPE = "text/event-stream"
 HEARTBEAT = b": ping\n\n"
-SSE_SOCKET_ID = STREAM_SOCKET_ID
-"""The socket id an SSE ``auth`` is signed for (never a real one: those are digits)."""
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -371,12 +368,12 @@ def _channel_stream(node: Node, request: Request) -> tuple[AppConfig, str, Posit
     since = _since(request)
     if channel_kind(channel) is ChannelKind.PRIVATE:
         auth = request.query_params.get("auth")
-        if not verify_channel_auth(app.key, app.secret, auth, SSE_SOCKET_ID, channel):
+        if not verify_stream_auth(app.key, app.secret, auth, channel):
             what = "missing" if not auth else "invalid"
             raise _Refused(
                 403,
-                f"{what} auth for private channel {channel!r}: pass ?auth=<app_key>:<hex "
-                f"HMAC-SHA256 of 'sse:{channel}' under the app secret>",
+                f"{what} auth for private channel {channel!r}: pass ?auth=<the stream auth "
+                "of the channel> (broadcaster.signing.stream_auth)",
             )
     return app, channel, since
 

@@ -19,6 +19,7 @@ from broadcaster.envelope import json_schema
 from broadcaster.publication import Position
 from broadcaster.sessions import session_token, stream_auth
 from broadcaster.settings import AppConfig
+from broadcaster.signing import sign
 from broadcaster.sse import (
     FeedConnection,
     FeedItem,
@@ -219,9 +220,13 @@ async def test_a_private_channel_needs_its_stream_auth(live: LiveServer) -> None
     async with httpx.AsyncClient() as http:
         missing = await http.get(url)
         wrong = await http.get(url, params={"auth": stream_auth(KEY, SECRET, "private-other")})
-    assert missing.status_code == wrong.status_code == 403
+        # A Pusher channel signature (the old form, socket id "sse") serves no stream.
+        pusher_form = await http.get(
+            url, params={"auth": f"{KEY}:{sign(SECRET, 'sse:private-room')}"}
+        )
+    assert missing.status_code == wrong.status_code == pusher_form.status_code == 403
     assert "missing auth" in missing.json()["error"]
-    assert "sse:private-room" in wrong.json()["error"]
+    assert "stream_auth" in wrong.json()["error"]
 
     auth = stream_auth(KEY, SECRET, "private-room")
     async with sse(f"{url}?auth={auth}") as reader:
