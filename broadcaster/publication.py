@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Position", "Publication"]
+from broadcaster._text import excerpt
+
+__all__ = ["MAX_EPOCH_LENGTH", "MAX_OFFSET_DIGITS", "Position", "Publication"]
+
+MAX_OFFSET_DIGITS = 18
+"""Longest offset a client may send (below 2**63, what Redis counts to)."""
+MAX_EPOCH_LENGTH = 64
+"""Longest epoch a client may send (the backends make 8-character ones)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,11 +38,21 @@ class Position:
         """Parse ``"<epoch>:<offset>"``.
 
         Raises:
-            ValueError: if ``text`` is not in that form.
+            ValueError: if ``text`` is not in that form: an epoch of 1 to 64 characters,
+                ``:`` and an offset of 1 to 18 ASCII digits.
         """
         epoch, sep, offset = text.rpartition(":")
-        if not sep or not epoch or not offset.isdigit():
-            raise ValueError(f"invalid position {text!r}: expected '<epoch>:<offset>'")
+        if (
+            not sep
+            or not 0 < len(epoch) <= MAX_EPOCH_LENGTH
+            or not (offset.isascii() and offset.isdigit())
+            or len(offset) > MAX_OFFSET_DIGITS
+        ):
+            raise ValueError(
+                f"invalid position {excerpt(text)}: expected '<epoch>:<offset>' (an epoch of "
+                f"at most {MAX_EPOCH_LENGTH} characters, an offset of at most "
+                f"{MAX_OFFSET_DIGITS} digits)"
+            )
         return cls(offset=int(offset), epoch=epoch)
 
 

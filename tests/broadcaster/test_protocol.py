@@ -47,7 +47,7 @@ from broadcaster.protocol import (
 )
 from broadcaster.publication import Position
 from broadcaster.settings import AppConfig
-from broadcaster.signing import channel_auth, user_auth
+from broadcaster.signing import channel_auth, sign, user_auth
 
 KEY = "278d425bdf160c739803"
 SECRET = "7ad3773142a6692b25b8"  # the protocol documentation's test secret
@@ -254,6 +254,26 @@ def test_a_bad_signin_closes_with_4009(data: dict[str, Any], fragment: str) -> N
     assert fragment in err.message
 
 
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ('{"event":"pusher:signin"}', "got null"),
+        ('{"event":"pusher:signin","data":null}', "got null"),
+        ('{"event":"pusher:signin","data":[1]}', "got an array"),
+        ('{"event":"pusher:signin","data":"{oops"}', "is not valid JSON"),
+        ('{"event":"pusher:signin","data":"[]"}', "got an array"),
+    ],
+)
+def test_a_signin_without_readable_data_closes_with_4009(text: str, fragment: str) -> None:
+    """A failed sign-in closes with 4009 (as Pusher does and the README says), whatever
+    made it fail; it used to be a 4300 that left the connection open."""
+    err = refused(text)
+    assert err.code is ErrorCode.UNAUTHORIZED
+    assert err.close
+    assert err.message.startswith("pusher:signin failed: data of pusher:signin")
+    assert fragment in err.message
+
+
 # -- presence members -------------------------------------------------------------------
 
 
@@ -317,6 +337,29 @@ def test_a_wrong_auth_shows_the_string_that_should_be_signed() -> None:
         authorize_subscription(APP, "2.2", command)
     assert 'HMAC-SHA256 of \'2.2:presence-a:{"user_id":"1"}\'' in info.value.message
     assert SECRET not in info.value.message
+
+
+@pytest.mark.parametrize("channel", ["private-a", "private-encrypted-a"])
+def test_channel_data_on_a_private_channel_is_refused(channel: str) -> None:
+    """Even signed: ``socket:channel:data`` would let text signed for one channel
+    (with a forged socket id ``<socket>:<channel>``) open another."""
+    for data in ("private-b", "", '{"user_id":"1"}'):
+        auth = f"{KEY}:{sign(SECRET, f'1.1:{channel}:{data}')}"
+        with pytest.raises(ProtocolError) as info:
+            authorize_subscription(APP, "1.1", Subscribe(channel, auth=auth, channel_data=data))
+        assert info.value.code is ErrorCode.SUBSCRIPTION_UNAUTHORIZED
+        assert info.value.channel == channel
+        assert not info.value.close
+        assert "channel_data is only for presence channels" in info.value.message
+
+
+def test_a_wrong_auth_message_shows_only_an_excerpt_of_long_channel_data() -> None:
+    data = '{"user_id":"1","user_info":"' + "x" * 2000 + '"}'
+    command = Subscribe("presence-a", auth=f"{KEY}:{'0' * 64}", channel_data=data)
+    with pytest.raises(ProtocolError) as info:
+        authorize_subscription(APP, "1.1", command)
+    assert "characters)" in info.value.message
+    assert len(info.value.message) < 500
 
 
 def test_signin_is_authorized_by_a_user_signature() -> None:

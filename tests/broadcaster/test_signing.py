@@ -1,4 +1,5 @@
-"""Signatures: channel auth, user sign-in and signed HTTP API requests (Pusher vectors)."""
+"""Signatures: channel auth, user sign-in and signed HTTP API requests (Pusher vectors),
+strict socket ids (no signing oracle) and the project's per-purpose keys."""
 
 from __future__ import annotations
 
@@ -8,17 +9,32 @@ import hmac
 import pytest
 
 from broadcaster.exceptions import ApiError
+from broadcaster.sessions import session_token
 from broadcaster.settings import AppConfig
 from broadcaster.signing import (
+    MAX_SOCKET_ID_LENGTH,
+    SESSION_TOKEN,
+    STREAM_AUTH,
+    InvalidSocketId,
     body_md5,
     channel_auth,
+    channel_string_to_sign,
+    check_socket_id,
+    is_valid_socket_id,
+    purpose_key,
+    purpose_signature,
     request_string_to_sign,
+    sign,
     sign_channel,
     sign_request,
+    sign_user,
     signed_params,
+    stream_auth,
     user_auth,
+    user_string_to_sign,
     verify_channel_auth,
     verify_request,
+    verify_stream_auth,
     verify_user_auth,
 )
 
@@ -172,3 +188,128 @@ def test_signed_params_leave_out_body_md5_for_an_empty_body() -> None:
     params = signed_params(KEY, SECRET, "GET", "/apps/3/channels", timestamp=TIMESTAMP)
     assert "body_md5" not in params
     verify_request(APP, "GET", "/apps/3/channels", params, b"", TIMESTAMP)
+
+
+def test_a_timestamp_of_5000_digits_gets_401_with_an_excerpt() -> None:
+    """int() refuses more than 4300 digits: this used to be a 500."""
+    error = api_error(signed_query(auth_timestamp="9" * 5000))
+    assert error.status == 401
+    assert "is not whole seconds since the epoch (at most 20 digits" in error.message
+    assert "(5000 characters)" in error.message
+    assert len(error.message) < 300
+
+
+def test_a_21_digit_timestamp_is_refused_unread_and_a_20_digit_one_is_a_skew() -> None:
+    assert "at most 20 digits" in api_error(signed_query(auth_timestamp="1" * 21)).message
+    assert "s ahead of server time" in api_error(signed_query(auth_timestamp="1" * 20)).message
+
+
+def test_error_messages_show_only_an_excerpt_of_long_parameters() -> None:
+    for name in ("auth_key", "auth_version", "body_md5"):
+        error = api_error(signed_query(**{name: "x" * 100_000}))
+        assert error.status == 401
+        assert "(100000 characters)" in error.message, name
+        assert len(error.message) < 300, name
+    long_query = signed_query(auth_signature="0" * 64, zzz="y" * 100_000)
+    assert len(api_error(long_query).message) < 500
+
+
+# -- socket ids: nothing is signed for text that is not <digits>.<digits> ----------------
+
+MALFORMED_SOCKET_IDS = [
+    "",
+    "1",
+    "1.",
+    ".1",
+    "1.2.3",
+    "a.b",
+    "1.2\n",
+    " 1.2",
+    "1.2:private-agent.victim",
+    "POST\n/apps/1/events\nauth_key=k&zzz=x",
+    "\u0661.\u0662",  # Arabic-Indic digits match \d, not a socket id
+    "\uff11.\uff12",  # full-width digits
+    "1" * 32 + "." + "1" * 32,  # 65 characters
+]
+
+
+@pytest.mark.parametrize("socket_id", ["1.2", "1234.1234", "9" * 31 + "." + "9" * 32])
+def test_socket_ids_are_ascii_digits_dot_digits(socket_id: str) -> None:
+    assert is_valid_socket_id(socket_id)
+    assert check_socket_id(socket_id) == socket_id
+
+
+@pytest.mark.parametrize("socket_id", MALFORMED_SOCKET_IDS)
+def test_nothing_is_signed_for_a_malformed_socket_id(socket_id: str) -> None:
+    assert not is_valid_socket_id(socket_id)
+    for make in (
+        lambda: channel_string_to_sign(socket_id, "private-a"),
+        lambda: sign_channel(SECRET, socket_id, "private-a"),
+        lambda: channel_auth(KEY, SECRET, socket_id, "presence-a", '{"user_id":"1"}'),
+        lambda: user_string_to_sign(socket_id, '{"id":"1"}'),
+        lambda: sign_user(SECRET, socket_id, '{"id":"1"}'),
+        lambda: user_auth(KEY, SECRET, socket_id, '{"id":"1"}'),
+    ):
+        with pytest.raises(InvalidSocketId, match=r"is <digits>\.<digits>"):
+            make()
+
+
+@pytest.mark.parametrize("socket_id", MALFORMED_SOCKET_IDS)
+def test_nothing_signed_for_a_malformed_socket_id_verifies(socket_id: str) -> None:
+    """Even a correct HMAC of the text (made by someone else) does not pass."""
+    channel_text = f"{socket_id}:private-a"
+    user_text = f"{socket_id}::user::{{}}"
+    assert not verify_channel_auth(
+        KEY, SECRET, f"{KEY}:{sign(SECRET, channel_text)}", socket_id, "private-a"
+    )
+    assert not verify_user_auth(KEY, SECRET, f"{KEY}:{sign(SECRET, user_text)}", socket_id, "{}")
+
+
+def test_the_socket_id_error_shows_an_excerpt_and_what_a_socket_id_is() -> None:
+    with pytest.raises(InvalidSocketId) as info:
+        check_socket_id("x" * 5000)
+    message = str(info.value)
+    assert "(5000 characters)" in message
+    assert f"at most {MAX_SOCKET_ID_LENGTH} characters" in message
+    assert len(message) < 300
+    assert isinstance(info.value, ValueError)
+
+
+# -- the project's own signatures: one key per purpose ------------------------------------
+
+
+def test_purpose_keys_are_derived_from_the_secret_and_the_purpose() -> None:
+    label = f"agent-broadcaster/{SESSION_TOKEN}/v1".encode()
+    assert purpose_key(SECRET, SESSION_TOKEN) == hmac.digest(SECRET.encode(), label, "sha256")
+    assert purpose_key(SECRET, SESSION_TOKEN) != purpose_key(SECRET, STREAM_AUTH)
+    assert purpose_key(SECRET, STREAM_AUTH) != purpose_key("other", STREAM_AUTH)
+
+
+def test_a_signature_serves_one_purpose_only() -> None:
+    text = "1234.1234:private-agent.s1"
+    pusher = sign(SECRET, text)
+    session = purpose_signature(SECRET, SESSION_TOKEN, text)
+    stream = purpose_signature(SECRET, STREAM_AUTH, text)
+    assert len({pusher, session, stream}) == 3
+
+
+def test_stream_auth_verifies_for_its_channel_and_app_only() -> None:
+    auth = stream_auth(KEY, SECRET, "private-agent.s1")
+    assert auth == f"{KEY}:{purpose_signature(SECRET, STREAM_AUTH, 'private-agent.s1')}"
+    assert verify_stream_auth(KEY, SECRET, auth, "private-agent.s1")
+    assert not verify_stream_auth(KEY, SECRET, auth, "private-agent.s2")
+    assert not verify_stream_auth("other", SECRET, auth, "private-agent.s1")
+    assert not verify_stream_auth(KEY, "other", auth, "private-agent.s1")
+    assert not verify_stream_auth(KEY, SECRET, None, "private-agent.s1")
+
+
+def test_a_pusher_channel_signature_is_not_a_stream_auth() -> None:
+    """The old stream auth was a channel signature for socket id "sse"."""
+    old = f"{KEY}:{sign(SECRET, 'sse:private-agent.s1')}"
+    assert not verify_stream_auth(KEY, SECRET, old, "private-agent.s1")
+
+
+def test_a_session_token_is_signed_under_its_own_key() -> None:
+    token = session_token(APP, "s1")
+    assert token == purpose_signature(SECRET, SESSION_TOKEN, "s1")
+    assert token != sign(SECRET, "demo-session:s1")  # the old token: a raw-secret HMAC

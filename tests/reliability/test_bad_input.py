@@ -237,6 +237,20 @@ def ws_cases() -> list[Case]:
             "close",
             C.UNAUTHORIZED,
         ),
+        Case("sign-in without data", (msg("pusher:signin"),), "close", C.UNAUTHORIZED),
+        Case("sign-in data not an object", (msg("pusher:signin", [1]),), "close", C.UNAUTHORIZED),
+        Case(
+            "channel_data on a private channel, signed with it",
+            (sub(private, channel_data="private-mine", auth="{auth-presence:private-mine}"),),
+            "sub_error",
+            C.SUBSCRIPTION_UNAUTHORIZED,
+        ),
+        Case(
+            "position offset of 5000 digits",
+            (sub("agent.a", position="e:" + "7" * 5000),),
+            "sub_error",
+            C.INVALID_MESSAGE,
+        ),
         Case(
             "sign-in with bad user_data",
             (msg("pusher:signin", {"auth": "x", "user_data": "nope"}),),
@@ -348,6 +362,11 @@ HANDSHAKES = [
     ("no protocol version", f"/app/{KEY}", C.NO_PROTOCOL_VERSION),
     ("protocol version not a number", f"/app/{KEY}?protocol=seven", C.INVALID_VERSION),
     ("unsupported protocol version", f"/app/{KEY}?protocol=6", C.UNSUPPORTED_PROTOCOL),
+    (
+        "protocol version of 5000 digits",
+        f"/app/{KEY}?protocol={'7' * 5000}",
+        C.UNSUPPORTED_PROTOCOL,
+    ),
     ("path not found", "/socket?protocol=7", C.PATH_NOT_FOUND),
 ]
 
@@ -438,6 +457,7 @@ def http_cases(now: int) -> list[tuple[str, str, dict[str, str] | None, bytes, i
         ("stale timestamp (-700 s)", events, signed(good, timestamp=now - 700), good, 401),
         ("future timestamp (+700 s)", events, signed(good, timestamp=now + 700), good, 401),
         ("timestamp not a number", events, tampered(sig, auth_timestamp="soon"), good, 401),
+        ("timestamp of 5000 digits", events, tampered(sig, auth_timestamp="9" * 5000), good, 401),
         ("wrong body_md5", events, tampered(sig, body_md5="0" * 32), good, 401),
         ("body replayed under another body's signature", events, sig, body(data="[]"), 401),
         ("missing body_md5", events, {k: v for k, v in sig.items() if k != "body_md5"}, good, 401),
