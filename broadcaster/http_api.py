@@ -31,6 +31,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from broadcaster import http_models
+from broadcaster._text import excerpt
 from broadcaster.backends.base import BackendUnavailable
 from broadcaster.channels import ChannelKind, channel_kind, validate_channel_name
 from broadcaster.exceptions import ApiError, ProtocolError
@@ -92,7 +93,7 @@ class _Api:
             key = request.query_params.get("auth_key", "")
             app = self.node.app_by_key(key)
             if app is None:
-                raise ApiError(401, f"unknown auth_key {key!r}")
+                raise ApiError(401, f"unknown auth_key {excerpt(key)}")
             return app
         app = self.node.app_by_id(app_id)
         if app is None:
@@ -101,8 +102,10 @@ class _Api:
 
     async def _body(self, request: Request) -> bytes:
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_body:
-            raise _too_large(int(declared), self.max_body)
+        if declared.isdigit():  # no int() of thousands of digits: 19+ digits is >= 10**18
+            size = int(declared) if len(declared) <= 18 else 10**18
+            if size > self.max_body:
+                raise _too_large(size, self.max_body)
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():

@@ -14,7 +14,10 @@ import httpx
 import pytest
 import websockets
 
+from broadcaster.app import create_app
 from broadcaster.codes import ErrorCode
+from broadcaster.node import Node
+from broadcaster.settings import load_settings
 from tests.reliability.helpers import signed_query
 from tests.server.conftest import APP_ID, KEY, Client, LiveServer, StartServer
 
@@ -107,6 +110,39 @@ async def test_a_5000_digit_auth_timestamp_is_a_401(start_server: StartServer) -
     assert "auth_timestamp" in error
     assert "is not whole seconds since the epoch" in error
     assert len(error) < 300
+
+
+async def test_a_5000_digit_content_length_through_asgi_is_a_413() -> None:
+    """uvicorn's HTTP parsers refuse such a header before the app sees it (the test
+    below); another ASGI server might pass it on, so the app refuses it without int()."""
+    settings = load_settings(port=0, log_level="warning")
+    app = create_app(settings, Node(settings))
+    path = f"/apps/{APP_ID}/events"
+    scope: dict[str, Any] = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"host", b"x"), (b"content-length", DIGITS.encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    assert sent[0]["status"] == 413
+    assert b"the limit is" in sent[1]["body"]
 
 
 async def test_a_5000_digit_content_length_is_not_a_server_error(
