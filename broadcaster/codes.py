@@ -16,7 +16,8 @@ Code   Name                       Closes  When
 4007   UNSUPPORTED_PROTOCOL       yes     ``protocol`` is not 7
 4008   NO_PROTOCOL_VERSION        yes     the ``protocol`` query parameter is missing
 4009   UNAUTHORIZED               yes     the Origin is not allowed, or ``pusher:signin``
-                                          failed (bad signature or bad ``user_data``)
+                                          failed (missing or unreadable data, bad
+                                          signature or bad ``user_data``)
 4100   OVER_CAPACITY              yes     the server is full, or the client reads too slowly
                                           (SLOW_CONSUMER): reconnect with back-off
 4200   SERVER_CLOSING             yes     the server shuts down or restarts: reconnect now
@@ -38,7 +39,8 @@ Code   Name                       Closes  When
 4308   TOO_MANY_CHANNELS          no      the connection already has
                                           ``max_channels_per_connection`` subscriptions
 4009   SUBSCRIPTION_UNAUTHORIZED  no      the ``auth`` of a private or presence subscription
-                                          is missing or wrong: 4009 as Reverb answers it, but
+                                          is missing or wrong, or ``channel_data`` was sent
+                                          on a private channel: 4009 as Reverb answers it, but
                                           sent as ``pusher:subscription_error`` on the channel
                                           and the connection stays open
 =====  =========================  ======  ===================================================
