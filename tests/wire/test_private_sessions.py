@@ -96,6 +96,10 @@ async def test_another_sessions_channel_is_refused(
         ({"channel_name": "private-agent.s1", "session_token": "x"}, 400),
         ({"socket_id": "1.2", "channel_name": "private-other", "session_token": "x"}, 403),
         ({"socket_id": "1.2", "channel_name": "private-agent.s1"}, 403),
+        # Only a real socket id is signed (no signing oracle), checked before the token.
+        ({"socket_id": "1.2:private-agent.s2", "channel_name": "private-agent.s1"}, 400),
+        ({"socket_id": "GET\n/apps/1/channels\n", "channel_name": "private-agent.s1"}, 400),
+        ({"socket_id": "1.2", "channel_name": "private-agent.s1:x", "session_token": "x"}, 403),
     ],
 )
 async def test_auth_endpoint_rejects_bad_requests(
