@@ -150,14 +150,14 @@ async def test_a_raised_error_is_recorded_as_a_failure_step_with_its_outcome() -
 
 async def test_a_retry_policy_retries_failed_steps() -> None:
     criteria = ContinuationCriteria[NoteState](
-        StepsLimit(5), ErrorPolicyCriterion(ErrorPolicy.retry_all(2))
+        StepsLimit(2), ErrorPolicyCriterion(ErrorPolicy.retry_all(2))
     )
     notes = Notes([ValueError("flaky"), "ok"], criteria)
     state = await notes.final_step(NoteState())
     first = state.step_results()[0]
     assert first.outcome.decision is ContinuationDecision.REQUEST
     assert "ValueError: flaky" in first.step.errors[0].message
-    assert state.status is AgentStatus.COMPLETED
+    assert (state.status, state.stop_reason()) == (AgentStatus.COMPLETED, StopReason.STEPS_LIMIT)
     assert state.final_response() == "ok"
 
 
