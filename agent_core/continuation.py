@@ -14,10 +14,11 @@ Guards (limits, error checks) answer forbid/allow; work drivers (tool calls pres
 response content) answer request/stop.
 
 Who decided (``resolved_by``) and why (``stop_reason``): a stop on a forbid is decided
-by the first forbid with stop reason ``error`` if there is one (errors win over limits
-judged in the same evaluation), else by the first forbid; a stop with no forbid by the
-first criterion that proposed it (``stop``); a continuation by the first ``request``.
-``"aggregate"`` only when no single criterion decided.
+by the first evaluation with stop reason ``error`` if there is one (errors win over
+limits judged in the same evaluation; an error's retry request that a forbid overrode
+counts, as the retry cannot happen), else by the first forbid; a stop with no forbid by
+the first criterion that proposed it (``stop``); a continuation by the first
+``request``. ``"aggregate"`` only when no single criterion decided.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ StateT = TypeVar("StateT")
 StateT_contra = TypeVar("StateT_contra", contravariant=True)
 
 AGGREGATE = "aggregate"
+
 """``resolved_by`` of an outcome that no single criterion decided."""
 
 
@@ -82,9 +84,17 @@ class StopReason(StrEnum):
     USER_REQUESTED = "user_requested"
 
 
+_ERROR_DECISIONS = frozenset({ContinuationDecision.FORBID, ContinuationDecision.REQUEST})
+
+
 @dataclass(frozen=True, slots=True)
 class ContinuationEvaluation:
-    """One criterion's decision with a human-readable reason and machine context."""
+    """One criterion's decision with a human-readable reason and machine context.
+
+    ``stop_reason`` is why the process stops because of this evaluation: on a forbid,
+    the reason it stops; on an error's retry request, the reason it stops if a guard
+    forbids the retry (``error``).
+    """
 
     criterion: str
     decision: ContinuationDecision
@@ -153,11 +163,15 @@ class ContinuationOutcome:
         return next((e for e in self.evaluations if e.decision is decision), None)
 
     def deciding_forbid(self) -> ContinuationEvaluation | None:
-        """The forbid that decides a stop: the first one with stop reason ``error``
-        (errors win over limits judged in the same evaluation), else the first one."""
+        """What decides a stop on a forbid: errors win, so the first evaluation with
+        stop reason ``error`` (a forbid, or an error's retry request that a forbid
+        overrode: the retry cannot happen, so the error stands), else the first
+        forbid. ``None`` when nothing forbade."""
         forbids = [e for e in self.evaluations if e.decision is ContinuationDecision.FORBID]
-        errors = (e for e in forbids if e.stop_reason is StopReason.ERROR)
-        return next(errors, forbids[0] if forbids else None)
+        if self.should_continue or not forbids:
+            return None
+        errors = (e for e in self.evaluations if e.stop_reason is StopReason.ERROR)
+        return next((e for e in errors if e.decision in _ERROR_DECISIONS), forbids[0])
 
     def deciding_evaluation(self) -> ContinuationEvaluation | None:
         """The evaluation that decided the outcome, if one did (see :attr:`resolved_by`)."""
@@ -176,8 +190,8 @@ class ContinuationOutcome:
 
     @property
     def stop_reason(self) -> StopReason:
-        """The deciding forbid's stop reason (``guard`` if it gave none), else
-        ``completed``."""
+        """The deciding forbid's stop reason (``guard`` if it gave none; see
+        :meth:`deciding_forbid`), else ``completed``."""
         forbid = self.deciding_forbid()
         if forbid is None:
             return StopReason.COMPLETED
