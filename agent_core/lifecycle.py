@@ -72,7 +72,8 @@ class AgentObserver(Protocol):
         ...
 
     def on_before_stop(self, state: AgentState) -> AgentState:
-        """``state.stop_reason()`` says why; ``with_stop_prevented`` takes another step."""
+        """``state.stop_reason()`` says why; ``with_stop_prevented`` takes another step
+        (only if no guard forbade the stop and the run has not failed)."""
         ...
 
 
