@@ -5,8 +5,9 @@ order); :class:`HookStackObserver` runs them as an observer. Hooks may block or 
 a pending tool call, prevent a stop, add messages or metadata. They can never revive a
 failed execution: a hook's change to a failed state's status, or a stop prevention on
 it, is undone; and a stop prevention never overrides a forbid (the loop only honours
-it for a stop that no guard forbade, e.g. a normal completion). A hook that raises (or returns something else than a state) is logged,
-reported in a ``HookExecuted`` event and skipped.
+it for a stop that no guard forbade, e.g. a normal completion). A hook that raises (or
+returns something else than a state) is logged, reported in a ``HookExecuted`` event
+and skipped.
 """
 
 from __future__ import annotations
