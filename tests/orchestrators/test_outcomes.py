@@ -16,6 +16,7 @@ from agent_core.drivers.scripted import ScriptedDriver, ScriptedFailure, Scripte
 from agent_core.errors import ModelError
 from agent_core.orchestration_events import ProcessCompleted, ProcessContinuationEvaluated
 from agent_core.process import ProcessState
+from agent_core.process_serialization import SlimProcessStateSerializer
 from agent_core.state import AgentStatus
 from agent_core.stepbystep import StepByStep
 from agent_core.tooluse import ToolUse, ToolUseState
@@ -56,6 +57,8 @@ async def test_an_error_on_the_last_allowed_step_fails_the_run(make: Any) -> Non
     assert isinstance(completed, ProcessCompleted)
     assert (completed.status, completed.stop_reason) == (AgentStatus.FAILED, StopReason.ERROR)
     assert completed.error_message == "the model is down"
+    snapshot = SlimProcessStateSerializer(type(state)).serialize(state)
+    assert (snapshot["status"], snapshot["error_message"]) == ("failed", "the model is down")
 
 
 async def test_a_stop_before_step_one_is_recorded_with_its_error() -> None:
