@@ -146,6 +146,8 @@ class ProcessState(ExecutionSteps[StepT]):
         stopped_by: why the last execution stopped (set when it ends).
         start_outcome: the outcome judged before the execution's first step, until a
             step result is recorded (so a run stopped before step 1 shows why).
+        steps_not_kept: steps of earlier runs whose results this state does not hold
+            (restored from a slim snapshot); step numbers continue after them.
     """
 
     kind: ClassVar[str] = "process"
@@ -160,6 +162,7 @@ class ProcessState(ExecutionSteps[StepT]):
     current: CurrentStep[StepT] | None = None
     stopped_by: StopReason | None = None
     start_outcome: ContinuationOutcome | None = None
+    steps_not_kept: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.metadata, MappingProxyType):
@@ -230,8 +233,9 @@ class ProcessState(ExecutionSteps[StepT]):
         return self.execution.cumulative_seconds_at(now)
 
     def begin_step(self, now: datetime, step_id: str | None = None) -> Self:
-        """Fresh transient data for the next step of this execution."""
-        number = len(self.execution_results()) + 1
+        """Fresh transient data for the next step of this execution (numbered after
+        every step recorded so far, over all runs, like the agent's)."""
+        number = self.step_count() + 1
         return replace(self, current=CurrentStep(number, now, step_id or new_id()))
 
     def _current(self) -> CurrentStep[StepT]:
@@ -285,8 +289,8 @@ class ProcessState(ExecutionSteps[StepT]):
         return tuple(result.step for result in self.results)
 
     def step_count(self) -> int:
-        """Recorded steps over all runs."""
-        return len(self.results)
+        """Steps over all runs (including those whose results are not kept)."""
+        return self.steps_not_kept + len(self.results)
 
     def continuation_outcome(self) -> ContinuationOutcome | None:
         """The latest continuation decision: the one before the execution's first
@@ -345,6 +349,7 @@ class ProcessState(ExecutionSteps[StepT]):
             "results": [r.to_dict() for r in self.results],
             "stopped_by": None if self.stopped_by is None else self.stopped_by.value,
             "start_outcome": None if outcome is None else outcome.to_dict(),
+            "steps_not_kept": self.steps_not_kept,
         }
 
     @classmethod
@@ -382,6 +387,7 @@ class ProcessState(ExecutionSteps[StepT]):
             "results": tuple(cls._decode_result(r) for r in data.get("results", ())),
             "stopped_by": None if stopped is None else StopReason(stopped),
             "start_outcome": None if outcome is None else ContinuationOutcome.from_dict(outcome),
+            "steps_not_kept": int(data.get("steps_not_kept", 0)),
         }
 
     @classmethod

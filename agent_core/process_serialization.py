@@ -145,4 +145,5 @@ class SlimProcessStateSerializer(Generic[StateT]):
             usage=agent.usage,
             status=agent.status,
             execution=agent.execution,
+            steps_not_kept=agent.steps_not_kept,
         )
