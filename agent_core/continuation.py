@@ -12,6 +12,13 @@ aggregates the answers into a :class:`ContinuationOutcome`:
 So a ``request`` beats a ``stop``, and a lone ``allow`` bootstraps the first step.
 Guards (limits, error checks) answer forbid/allow; work drivers (tool calls present,
 response content) answer request/stop.
+
+Who decided (``resolved_by``) and why (``stop_reason``): a stop on a forbid is decided
+by the first evaluation with stop reason ``error`` if there is one (errors win over
+limits judged in the same evaluation; an error's retry request that a forbid overrode
+counts, as the retry cannot happen), else by the first forbid; a stop with no forbid by
+the first criterion that proposed it (``stop``); a continuation by the first
+``request``. ``"aggregate"`` only when no single criterion decided.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+
+from agent_core._frozen import FrozenDict, freeze_mapping, thaw
 
 __all__ = [
     "AGGREGATE",
@@ -44,6 +53,7 @@ StateT = TypeVar("StateT")
 StateT_contra = TypeVar("StateT_contra", contravariant=True)
 
 AGGREGATE = "aggregate"
+
 """``resolved_by`` of an outcome that no single criterion decided."""
 
 
@@ -74,15 +84,27 @@ class StopReason(StrEnum):
     USER_REQUESTED = "user_requested"
 
 
+_ERROR_DECISIONS = frozenset({ContinuationDecision.FORBID, ContinuationDecision.REQUEST})
+
+
 @dataclass(frozen=True, slots=True)
 class ContinuationEvaluation:
-    """One criterion's decision with a human-readable reason and machine context."""
+    """One criterion's decision with a human-readable reason and machine context.
+
+    ``stop_reason`` is why the process stops because of this evaluation: on a forbid,
+    the reason it stops; on an error's retry request, the reason it stops if a guard
+    forbids the retry (``error``).
+    """
 
     criterion: str
     decision: ContinuationDecision
     reason: str
-    context: Mapping[str, Any] = field(default_factory=dict)
+    context: Mapping[str, Any] = field(default_factory=FrozenDict)
     stop_reason: StopReason | None = None
+
+    def __post_init__(self) -> None:
+        # The context is part of the record: read-only, all the way down.
+        object.__setattr__(self, "context", freeze_mapping(self.context))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form (see :meth:`from_dict`)."""
@@ -90,7 +112,7 @@ class ContinuationEvaluation:
             "criterion": self.criterion,
             "decision": self.decision.value,
             "reason": self.reason,
-            "context": dict(self.context),
+            "context": thaw(self.context),
             "stop_reason": None if self.stop_reason is None else self.stop_reason.value,
         }
 
@@ -140,23 +162,45 @@ class ContinuationOutcome:
     def _first(self, decision: ContinuationDecision) -> ContinuationEvaluation | None:
         return next((e for e in self.evaluations if e.decision is decision), None)
 
+    def deciding_forbid(self) -> ContinuationEvaluation | None:
+        """What decides a stop on a forbid: errors win, so the first evaluation with
+        stop reason ``error`` (a forbid, or an error's retry request that a forbid
+        overrode: the retry cannot happen, so the error stands), else the first
+        forbid. ``None`` when nothing forbade."""
+        forbids = [e for e in self.evaluations if e.decision is ContinuationDecision.FORBID]
+        if self.should_continue or not forbids:
+            return None
+        errors = (e for e in self.evaluations if e.stop_reason is StopReason.ERROR)
+        return next((e for e in errors if e.decision in _ERROR_DECISIONS), forbids[0])
+
+    def deciding_evaluation(self) -> ContinuationEvaluation | None:
+        """The evaluation that decided the outcome, if one did (see :attr:`resolved_by`)."""
+        if self.should_continue:
+            return self._first(ContinuationDecision.REQUEST)
+        return self.deciding_forbid() or self._first(ContinuationDecision.STOP)
+
     @property
     def resolved_by(self) -> str:
-        """The first forbidding criterion when stopping, the first requesting one when
-        continuing, else ``"aggregate"``."""
-        wanted = (
-            ContinuationDecision.REQUEST if self.should_continue else ContinuationDecision.FORBID
-        )
-        first = self._first(wanted)
-        return AGGREGATE if first is None else first.criterion
+        """Who decided: when stopping, the deciding forbid's criterion (see
+        :meth:`deciding_forbid`), else the first criterion that proposed the stop;
+        when continuing, the first requesting criterion; ``"aggregate"`` when no single
+        criterion decided (no evaluations, or continuing on allows alone)."""
+        decided = self.deciding_evaluation()
+        return AGGREGATE if decided is None else decided.criterion
 
     @property
     def stop_reason(self) -> StopReason:
-        """The first forbid's stop reason (``guard`` if it gave none), else ``completed``."""
-        forbid = self._first(ContinuationDecision.FORBID)
+        """The deciding forbid's stop reason (``guard`` if it gave none; see
+        :meth:`deciding_forbid`), else ``completed``."""
+        forbid = self.deciding_forbid()
         if forbid is None:
             return StopReason.COMPLETED
         return forbid.stop_reason or StopReason.GUARD
+
+    @property
+    def is_forbidden(self) -> bool:
+        """Whether a guard forbade continuing (a hook can never override that)."""
+        return self._first(ContinuationDecision.FORBID) is not None
 
     @property
     def decision(self) -> ContinuationDecision:
@@ -165,8 +209,7 @@ class ContinuationOutcome:
         if self.should_continue:
             requested = self._first(ContinuationDecision.REQUEST) is not None
             return ContinuationDecision.REQUEST if requested else ContinuationDecision.ALLOW
-        forbidden = self._first(ContinuationDecision.FORBID) is not None
-        return ContinuationDecision.FORBID if forbidden else ContinuationDecision.STOP
+        return ContinuationDecision.FORBID if self.is_forbidden else ContinuationDecision.STOP
 
     def with_evaluation(self, evaluation: ContinuationEvaluation) -> ContinuationOutcome:
         """A new outcome with one more evaluation, re-aggregated."""

@@ -4,6 +4,10 @@
 ``calculator`` evaluates arithmetic safely (no ``eval``). :func:`demo_script` scripts a
 run that asks for the weather, converts the temperature with the calculator, and
 streams a final answer built from the tools' real results.
+
+To see how a failure looks, put ``[fail:model]`` in the input (the model fails in step
+2, after the weather call) or ``[fail:tool]`` (step 2 calls the calculator with an
+expression it rejects). With ``max_steps: 2`` that is the run's last allowed step.
 """
 
 from __future__ import annotations
@@ -24,16 +28,24 @@ from agent_core.drivers.scripted import (
     ScriptedTurn,
     call,
 )
+from agent_core.errors import ModelError
 from agent_core.messages import Role
 from agent_core.tools import Tool
 
 __all__ = [
+    "FAIL_MODEL",
+    "FAIL_TOOL",
     "calculator",
     "demo_driver",
     "demo_script",
     "demo_tools",
     "get_weather",
 ]
+
+FAIL_MODEL = "[fail:model]"
+"""In a demo input: the scripted model fails in step 2."""
+FAIL_TOOL = "[fail:tool]"
+"""In a demo input: step 2's calculator call fails."""
 
 _CONDITIONS = ("sunny", "cloudy", "rainy", "windy", "foggy", "snowy")
 _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
@@ -136,14 +148,25 @@ def _answer(request: ModelRequest) -> ScriptedResponse | ScriptedFailure:
     return ScriptedResponse(text=text)
 
 
+def _broken_convert(request: ModelRequest) -> ScriptedResponse | ScriptedFailure:
+    expression = "the temperature in fahrenheit"
+    return ScriptedResponse(tool_calls=(call("calculator", "call_calc_1", expression=expression),))
+
+
 def demo_script(input_text: str) -> list[ScriptedTurn]:
     """Three turns: call ``get_weather`` for the city named in ``input_text`` (default
-    Paris), convert its temperature with ``calculator``, stream the answer."""
+    Paris), convert its temperature with ``calculator``, stream the answer. With
+    :data:`FAIL_MODEL` or :data:`FAIL_TOOL` in the input, step 2 fails instead."""
     city = _city(input_text)
     first = ScriptedResponse(
         text=f"Let me check the weather in {city}.",
         tool_calls=(call("get_weather", "call_weather_1", city=city),),
     )
+    if FAIL_MODEL in input_text:
+        failure = ModelError(f"the demo model failed on purpose ({FAIL_MODEL} in the input)")
+        return [first, ScriptedFailure(failure)]
+    if FAIL_TOOL in input_text:
+        return [first, _broken_convert, _answer]
     return [first, _convert, _answer]
 
 

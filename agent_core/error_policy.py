@@ -3,9 +3,10 @@
 An :class:`ErrorPolicy` maps each :class:`~agent_core.errors.ErrorType` to an
 :class:`ErrorAction` (stop, retry, ignore). :class:`ErrorPolicyCriterion` applies it to
 the current step: stop -> forbid (``error``); retry -> request another step while the
-consecutive failures stay within ``max_retries``, then forbid (``error``); ignore ->
-allow. :class:`ErrorHandler` turns an exception raised during a step into a recorded
-failure step and its outcome.
+consecutive failures stay within ``max_retries`` (with stop reason ``error``: if a guard
+forbids the retry, the run stops for the error), then forbid (``error``); ignore ->
+allow, the only way an error is tolerated when the run stops. :class:`ErrorHandler`
+turns an exception raised during a step into a recorded failure step and its outcome.
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ class ErrorPolicyCriterion:
             )
             return self._answer(ContinuationDecision.FORBID, why, StopReason.ERROR, failures)
         why = f"requested a retry after {described}: retry {failures} of {limit}"
-        return self._answer(ContinuationDecision.REQUEST, why, None, failures)
+        # If a guard forbids the retry, the error stands: the run stops for it.
+        return self._answer(ContinuationDecision.REQUEST, why, StopReason.ERROR, failures)
 
     def _answer(
         self,

@@ -4,8 +4,10 @@ A :class:`HookStack` orders hooks by priority (highest first, then registration
 order); :class:`HookStackObserver` runs them as an observer. Hooks may block or change
 a pending tool call, prevent a stop, add messages or metadata. They can never revive a
 failed execution: a hook's change to a failed state's status, or a stop prevention on
-it, is undone. A hook that raises (or returns something else than a state) is logged,
-reported in a ``HookExecuted`` event and skipped.
+it, is undone; and a stop prevention never overrides a forbid (the loop only honours
+it for a stop that no guard forbade, e.g. a normal completion). A hook that raises (or
+returns something else than a state) is logged, reported in a ``HookExecuted`` event
+and skipped.
 """
 
 from __future__ import annotations

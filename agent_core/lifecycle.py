@@ -72,7 +72,8 @@ class AgentObserver(Protocol):
         ...
 
     def on_before_stop(self, state: AgentState) -> AgentState:
-        """``state.stop_reason()`` says why; ``with_stop_prevented`` takes another step."""
+        """``state.stop_reason()`` says why; ``with_stop_prevented`` takes another step
+        (only if no guard forbade the stop and the run has not failed)."""
         ...
 
 
@@ -270,10 +271,25 @@ class CoreLifecycleObserver(PassThroughObserver):
             )
         )
 
+    def on_before_stop(self, state: AgentState) -> AgentState:
+        """A stop before the run's first step: emit its outcome (as step 0) and fail
+        the run if an error decided it."""
+        outcome = state.start_outcome
+        if outcome is None or outcome.should_continue:
+            return state
+        self.events.emit(ContinuationEvaluated(**self._meta(state), step_number=0, outcome=outcome))
+        if outcome.stop_reason is StopReason.ERROR:
+            return state.with_status(AgentStatus.FAILED)
+        return state
+
     def on_execution_end(self, state: AgentState) -> AgentState:
-        failed = state.status is AgentStatus.FAILED or state.stop_reason() is StopReason.ERROR
+        stop_reason = state.stop_reason()
+        failed = state.status is AgentStatus.FAILED or stop_reason is StopReason.ERROR
         status = AgentStatus.FAILED if failed else AgentStatus.COMPLETED
-        state = state.end_execution(self.clock(), status)
+        if failed:
+            # One rule everywhere: a run is failed exactly when it stops for an error.
+            stop_reason = StopReason.ERROR
+        state = state.end_execution(self.clock(), status, stop_reason)
         self.events.emit(self._end_event(state))
         return state
 
@@ -287,10 +303,10 @@ class CoreLifecycleObserver(PassThroughObserver):
         }
         if state.status is not AgentStatus.FAILED:
             return ExecutionCompleted(**common, final_response=state.final_response())
-        last = state.last_step_result()
-        error = last.step.errors[0] if last is not None and last.step.errors else None
+        run = [r for r in state.step_results() if r.execution_id == state.execution_id()]
+        error = run[-1].step.errors[0] if run and run[-1].step.errors else None
         return ExecutionFailed(
             **common,
             error_type=None if error is None else error.error_type,
-            error_message=None if error is None else error.message,
+            error_message=state.error_message(),
         )

@@ -4,8 +4,11 @@ It only orchestrates. Each lifecycle point is one call to the observer followed 
 delivery of the events recorded meanwhile; all bookkeeping lives in the observers
 (:class:`~agent_core.lifecycle.CoreLifecycleObserver` first, then user hooks).
 
-Whether to go on: before the execution's first step the criteria are asked; after
-that the last step result is read. A failed execution never continues.
+Whether to go on: before the execution's first step the criteria are asked (their
+outcome is recorded in the state, so a run stopped there shows why); after that the
+last step result is read. A failed execution never continues, and a hook's stop
+prevention never overrides a forbid: only a stop that no guard forbade can be
+prevented.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from agent_core._time import Clock, utc_now
-from agent_core.continuation import ContinuationCriteria, StopReason
+from agent_core.continuation import ContinuationCriteria, ContinuationOutcome, StopReason
 from agent_core.drivers.base import (
     ModelDriver,
     ModelRequest,
@@ -88,12 +91,15 @@ class AgentLoop:
         state = await self._notify(self.observer.on_execution_start, state)
         first = True
         while True:
-            reason = self._stop_reason(state, first)
+            if first:
+                state = state.with_start_outcome(self.criteria.evaluate_all(state))
+            outcome = state.continuation_outcome()
+            reason = _stop_reason(state, outcome)
             if reason is not None:
                 state = await self._notify(
                     self.observer.on_before_stop, state.with_stop_requested(reason)
                 )
-                if not state.is_stop_prevented() or state.status is AgentStatus.FAILED:
+                if not (state.is_stop_prevented() and _preventable(state, outcome)):
                     break
             state = await self._step(state)
             first = False
@@ -104,14 +110,6 @@ class AgentLoop:
         state = point(state)
         await self.events.flush()
         return state
-
-    def _stop_reason(self, state: AgentState, first: bool) -> StopReason | None:
-        if state.status is AgentStatus.FAILED:
-            return StopReason.ERROR
-        outcome = self.criteria.evaluate_all(state) if first else state.continuation_outcome()
-        if outcome is None or outcome.should_continue:
-            return None
-        return outcome.stop_reason
 
     async def _step(self, state: AgentState) -> AgentState:
         state = await self._notify(self.observer.on_step_start, state.begin_step(self.clock()))
@@ -216,6 +214,21 @@ class AgentLoop:
             )
         )
         return execution
+
+
+def _stop_reason(state: AgentState, outcome: ContinuationOutcome | None) -> StopReason | None:
+    """Why to stop now (``None``: take another step)."""
+    if state.status is AgentStatus.FAILED:
+        return StopReason.ERROR
+    if outcome is None or outcome.should_continue:
+        return None
+    return outcome.stop_reason
+
+
+def _preventable(state: AgentState, outcome: ContinuationOutcome | None) -> bool:
+    """A hook may prevent a stop that no guard forbade, and never revive a failure."""
+    forbidden = outcome is not None and outcome.is_forbidden
+    return state.status is not AgentStatus.FAILED and not forbidden
 
 
 def _keep_id(tool_call: ToolCall, call_id: str) -> ToolCall:

@@ -1,12 +1,16 @@
 """Chat messages, tool calls and token usage: the vocabulary shared by state, tools and
-model drivers. All frozen; "changing" one returns a new object."""
+model drivers. All frozen, their data too (tool-call arguments and message metadata are
+read-only mappings); "changing" one returns a new object."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from agent_core._frozen import freeze_mapping
 
 __all__ = ["FinishReason", "Message", "Role", "ToolCall", "Usage"]
 
@@ -28,8 +32,19 @@ class FinishReason(StrEnum):
     ERROR = "error"
 
 
+ReadOnlyData = Annotated[dict[str, Any], AfterValidator(freeze_mapping)]
+"""JSON-like data that cannot be changed in place (see :mod:`agent_core._frozen`)."""
+
+
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy; with ``update`` the result is validated (so changed data is
+        read-only too, and invalid values are refused)."""
+        if not update:
+            return super().model_copy(deep=deep)
+        return self.model_validate({**dict(self), **update})
 
 
 class ToolCall(_Frozen):
@@ -37,7 +52,7 @@ class ToolCall(_Frozen):
 
     id: str = Field(min_length=1)
     name: str = Field(min_length=1)
-    arguments: dict[str, Any] = Field(default_factory=dict)
+    arguments: ReadOnlyData = Field(default_factory=dict)
 
 
 class Usage(_Frozen):
@@ -71,7 +86,7 @@ class Message(_Frozen):
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: ReadOnlyData = Field(default_factory=dict)
 
     @classmethod
     def system(cls, content: str) -> Message:

@@ -8,6 +8,9 @@ cumulative time survives pause and resume), the recorded :class:`StepRecord`\\ s
 transient :class:`CurrentStep`. It offers what the built-in criteria read
 (:mod:`agent_core.criteria`), counted over the *current execution* like the agent's.
 
+Transient data is transient: :class:`CurrentStep` is cleared when a run ends and is
+never serialized; metadata and a step's selection details are read-only.
+
 Each orchestrator subclasses it once, naming its step class (:meth:`decode_step`) and
 its ``kind`` (checked when loading, so a chat cannot be loaded as a collaboration).
 """
@@ -20,6 +23,7 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
+from agent_core._frozen import FrozenDict, freeze_mapping, thaw
 from agent_core._ids import new_id
 from agent_core._time import elapsed_ms, from_iso, to_iso
 from agent_core.continuation import ContinuationOutcome, StopReason
@@ -108,8 +112,11 @@ class CurrentStep(Generic[StepT]):
     started_at: datetime
     id: str
     actor: str | None = None
-    selection: Mapping[str, Any] = field(default_factory=dict)
+    selection: Mapping[str, Any] = field(default_factory=FrozenDict)
     pending_step: StepT | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "selection", freeze_mapping(self.selection))
 
     def to_dict(self) -> dict[str, Any]:
         step = self.pending_step
@@ -118,7 +125,7 @@ class CurrentStep(Generic[StepT]):
             "started_at": to_iso(self.started_at),
             "id": self.id,
             "actor": self.actor,
-            "selection": dict(self.selection),
+            "selection": thaw(self.selection),
             "pending_step": None if step is None else step.to_dict(),
         }
 
@@ -135,8 +142,12 @@ class ProcessState(ExecutionSteps[StepT]):
         status: pending, in progress, completed or failed.
         execution: timing across runs.
         results: recorded step results, oldest first.
-        current: transient data of the step in progress.
+        current: transient data of the step in progress (never serialized).
         stopped_by: why the last execution stopped (set when it ends).
+        start_outcome: the outcome judged before the execution's first step, until a
+            step result is recorded (so a run stopped before step 1 shows why).
+        steps_not_kept: steps of earlier runs whose results this state does not hold
+            (restored from a slim snapshot); step numbers continue after them.
     """
 
     kind: ClassVar[str] = "process"
@@ -150,10 +161,13 @@ class ProcessState(ExecutionSteps[StepT]):
     results: tuple[StepRecord[StepT], ...] = ()
     current: CurrentStep[StepT] | None = None
     stopped_by: StopReason | None = None
+    start_outcome: ContinuationOutcome | None = None
+    steps_not_kept: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.metadata, MappingProxyType):
-            object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
+            frozen = MappingProxyType(freeze_mapping(self.metadata))
+            object.__setattr__(self, "metadata", frozen)
         if not isinstance(self.messages, tuple):
             object.__setattr__(self, "messages", tuple(self.messages))
 
@@ -199,6 +213,7 @@ class ProcessState(ExecutionSteps[StepT]):
             execution=self.execution.start(now, execution_id or new_id()),
             current=None,
             stopped_by=None,
+            start_outcome=None,
         )
 
     def end_execution(self, now: datetime, status: AgentStatus, stop_reason: StopReason) -> Self:
@@ -218,8 +233,9 @@ class ProcessState(ExecutionSteps[StepT]):
         return self.execution.cumulative_seconds_at(now)
 
     def begin_step(self, now: datetime, step_id: str | None = None) -> Self:
-        """Fresh transient data for the next step of this execution."""
-        number = len(self.execution_results()) + 1
+        """Fresh transient data for the next step of this execution (numbered after
+        every step recorded so far, over all runs, like the agent's)."""
+        number = self.step_count() + 1
         return replace(self, current=CurrentStep(number, now, step_id or new_id()))
 
     def _current(self) -> CurrentStep[StepT]:
@@ -254,7 +270,12 @@ class ProcessState(ExecutionSteps[StepT]):
             results=(*self.results, result),
             execution=self.execution.touch(result.completed_at),
             current=None if current is None else replace(current, pending_step=None),
+            start_outcome=None,
         )
+
+    def with_start_outcome(self, outcome: ContinuationOutcome) -> Self:
+        """Record the outcome judged before the execution's first step."""
+        return replace(self, start_outcome=outcome)
 
     # reading results -----------------------------------------------------------------
 
@@ -268,21 +289,36 @@ class ProcessState(ExecutionSteps[StepT]):
         return tuple(result.step for result in self.results)
 
     def step_count(self) -> int:
-        """Recorded steps over all runs."""
-        return len(self.results)
+        """Steps over all runs (including those whose results are not kept)."""
+        return self.steps_not_kept + len(self.results)
 
     def continuation_outcome(self) -> ContinuationOutcome | None:
-        """The outcome judged after the last recorded step."""
+        """The latest continuation decision: the one before the execution's first
+        step while no step was recorded since, else the one after the last step."""
+        if self.start_outcome is not None:
+            return self.start_outcome
         last = self.last_step_result()
         return None if last is None else last.outcome
 
     def stop_reason(self) -> StopReason | None:
-        """Why the last execution stopped; while running, the last step result's
+        """Why the last execution stopped; while running, the latest outcome's
         reason (``None`` while it says continue)."""
         if self.stopped_by is not None:
             return self.stopped_by
-        last = self.last_step_result()
-        return None if last is None else last.stop_reason()
+        outcome = self.continuation_outcome()
+        return None if outcome is None or outcome.should_continue else outcome.stop_reason
+
+    def error_message(self) -> str | None:
+        """Why a failed execution failed: the first error of its last step, else the
+        reason of the forbid that stopped it; ``None`` unless the state is failed."""
+        if self.status is not AgentStatus.FAILED:
+            return None
+        results = self.execution_results()
+        if results and results[-1].step.errors:
+            return str(results[-1].step.errors[0].message)
+        outcome = self.continuation_outcome()
+        forbid = None if outcome is None else outcome.deciding_forbid()
+        return None if forbid is None else forbid.reason
 
     # what criteria read (see agent_core.criteria) ---------------------------------
 
@@ -299,19 +335,21 @@ class ProcessState(ExecutionSteps[StepT]):
     # serialization -------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """The full state as plain JSON data (see :meth:`from_dict`)."""
-        current = self.current
+        """The state as plain JSON data (see :meth:`from_dict`); the transient current
+        step is left out."""
+        outcome = self.start_outcome
         return {
             "kind": self.kind,
             "id": self.id,
             "status": self.status.value,
             "messages": [m.model_dump(mode="json") for m in self.messages],
-            "metadata": dict(self.metadata),
+            "metadata": thaw(self.metadata),
             "usage": self.usage.model_dump(mode="json"),
             "execution": self.execution.to_dict(),
             "results": [r.to_dict() for r in self.results],
-            "current": None if current is None else current.to_dict(),
             "stopped_by": None if self.stopped_by is None else self.stopped_by.value,
+            "start_outcome": None if outcome is None else outcome.to_dict(),
+            "steps_not_kept": self.steps_not_kept,
         }
 
     @classmethod
@@ -336,8 +374,9 @@ class ProcessState(ExecutionSteps[StepT]):
 
     @classmethod
     def base_fields_from_dict(cls, data: Mapping[str, Any]) -> dict[str, Any]:
-        """The constructor arguments of the fields every process state has."""
-        current, stopped = data.get("current"), data.get("stopped_by")
+        """The constructor arguments of the fields every process state has (a
+        ``current`` step in older data is transient and ignored)."""
+        stopped, outcome = data.get("stopped_by"), data.get("start_outcome")
         return {
             "id": str(data["id"]),
             "status": AgentStatus(data.get("status", AgentStatus.PENDING)),
@@ -346,8 +385,9 @@ class ProcessState(ExecutionSteps[StepT]):
             "usage": Usage.model_validate(data.get("usage") or {}),
             "execution": ExecutionState.from_dict(data.get("execution") or {}),
             "results": tuple(cls._decode_result(r) for r in data.get("results", ())),
-            "current": None if current is None else cls._decode_current(current),
             "stopped_by": None if stopped is None else StopReason(stopped),
+            "start_outcome": None if outcome is None else ContinuationOutcome.from_dict(outcome),
+            "steps_not_kept": int(data.get("steps_not_kept", 0)),
         }
 
     @classmethod

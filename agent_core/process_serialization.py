@@ -8,7 +8,7 @@ the agent's (it delegates those to :class:`~agent_core.slim.SlimAgentStateSerial
 with ``id`` and ``process`` in place of ``agent_id`` and each step summary naming its
 ``actor``::
 
-    {id, process, status, step_count, usage, execution, messages,
+    {id, process, status, [error_message,] step_count, usage, execution, messages,
      steps: [{step_number, actor, has_tool_calls, finish_reason, errors,
               usage: {total}, duration_ms, tool_calls: [{id, name}]}],
      last_continuation, metadata}
@@ -94,6 +94,8 @@ class SlimProcessStateSerializer(Generic[StateT]):
         data.pop("parent_agent_id", None)
         slim = {"id": data.pop("agent_id"), "process": state.kind, **data}
         slim["step_count"] = state.step_count()
+        if "error_message" in slim:  # a failed state: say why, as the agent's snapshot does
+            slim["error_message"] = state.error_message()
         slim["steps"] = self._steps(state) if self.config.include_steps else []
         slim["last_continuation"] = (
             self._continuation(state) if self.config.include_continuation_trace else None
@@ -143,4 +145,5 @@ class SlimProcessStateSerializer(Generic[StateT]):
             usage=agent.usage,
             status=agent.status,
             execution=agent.execution,
+            steps_not_kept=agent.steps_not_kept,
         )

@@ -3,9 +3,11 @@
 :class:`RunManager` is what ``POST /run {input, session_id?}`` (seed 002's request
 shape) calls. It answers at once with the session, execution and channel, runs the
 agent in the background with an :class:`~agent_core.broadcasting.AgentEventAdapter`,
-stores the final slim snapshot (standard preset) for reconcile before the final
-``agent.status``, and refuses a second run on a busy session. A new run on a session
-with a stored snapshot continues that conversation.
+stores the final slim snapshot (standard preset with the continuation trace, so it
+says why the run stopped, and a failed run's error message) for reconcile before the
+final ``agent.status``, and refuses a second run on a busy session. A new run on a
+session with a stored snapshot continues that conversation, and its step numbers
+continue after the earlier runs' steps.
 """
 
 from __future__ import annotations
@@ -15,14 +17,14 @@ import contextlib
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_core.broadcasting import AdapterOptions, AgentEventAdapter
-from agent_core.builder import AgentBuilder
+from agent_core.builder import DEFAULT_MAX_STEPS, AgentBuilder
 from agent_core.demo_tools import demo_driver, demo_tools
 from agent_core.drivers.base import ModelDriver, ModelRequest, StreamEvent
 from agent_core.slim import SlimAgentStateSerializer, SlimSerializationConfig
@@ -42,6 +44,7 @@ __all__ = [
     "new_execution_id",
     "new_session_id",
     "scripted_demo_driver",
+    "snapshot_config",
 ]
 
 logger = logging.getLogger(__name__)
@@ -70,6 +73,12 @@ class RunRequest(BaseModel):
         min_length=1,
         max_length=128,
         description="the run's id on its envelopes (e.g. AG-UI's runId); default: x-<hex>",
+    )
+    max_steps: int | None = Field(
+        default=None,
+        ge=1,
+        le=DEFAULT_MAX_STEPS,
+        description=f"a lower step limit for this run (default {DEFAULT_MAX_STEPS})",
     )
 
 
@@ -133,6 +142,12 @@ def scripted_demo_driver(input_text: str) -> ModelDriver:
     return demo_driver(input_text)
 
 
+def snapshot_config() -> SlimSerializationConfig:
+    """What runs store for reconcile: seed 004's standard preset with the continuation
+    trace on (``last_continuation`` says why the run stopped and who decided)."""
+    return replace(SlimSerializationConfig.standard(), include_continuation_trace=True)
+
+
 def _claimed() -> asyncio.Future[AgentState | None]:
     """A placeholder for a run being started (resolved: nothing to wait for)."""
     future: asyncio.Future[AgentState | None] = asyncio.get_running_loop().create_future()
@@ -172,7 +187,7 @@ class RunManager:
     max_runs: int = 1000
     _runs: dict[str, _Run] = field(default_factory=dict)
     _serializer: SlimAgentStateSerializer = field(
-        default_factory=lambda: SlimAgentStateSerializer(SlimSerializationConfig.standard())
+        default_factory=lambda: SlimAgentStateSerializer(snapshot_config())
     )
 
     async def start(self, request: RunRequest) -> RunHandle:
@@ -236,9 +251,10 @@ class RunManager:
         driver = self.driver_factory(request.input)
         if request.pace_ms:
             driver = PacedDriver(driver, request.pace_ms / 1000)
-        agent = adapter.install(
-            AgentBuilder().with_driver(driver).with_tools(*demo_tools())
-        ).build()
+        builder = AgentBuilder().with_driver(driver).with_tools(*demo_tools())
+        if request.max_steps is not None:
+            builder = builder.with_max_steps(request.max_steps)
+        agent = adapter.install(builder).build()
         try:
             start = await self._start_state(handle.channel, request.input)
             return await agent.run(start)

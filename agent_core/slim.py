@@ -2,7 +2,7 @@
 
 Schema::
 
-    {agent_id, parent_agent_id, status, step_count,
+    {agent_id, parent_agent_id, status, [error_message,] step_count,
      usage: {prompt, completion, total},
      execution: {started_at, updated_at, cumulative_seconds},
      messages: [{role, content, metadata}],
@@ -10,6 +10,11 @@ Schema::
               usage: {total}, duration_ms, tool_calls: [{id, name}]}],
      last_continuation: {should_continue, stop_reason, resolved_by} | null,
      metadata: {...}}
+
+``error_message`` (an addition to seed 004's schema) is there only when the status is
+``failed``: why the run failed (its last step's first error, or the reason of the
+forbid that stopped it). ``step_count`` counts steps over all runs; a restored state
+numbers its next step after them.
 
 Assistant tool calls travel in a message's ``metadata.tool_calls`` (``id``, ``name``
 and, unless redacted, ``arguments``); tool results carry ``metadata.tool_call_id`` and
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from agent_core._frozen import thaw
 from agent_core._time import from_iso
 from agent_core.messages import Message, Role, ToolCall, Usage
 from agent_core.serialization import rebuild
@@ -109,10 +115,12 @@ class SlimAgentStateSerializer:
     def serialize(self, state: AgentState) -> dict[str, Any]:
         """The snapshot of ``state`` (see the module docstring for the schema)."""
         config = self.config
+        failure = {} if state.status is not AgentStatus.FAILED else self._failure(state)
         return {
             "agent_id": state.agent_id,
             "parent_agent_id": state.parent_agent_id,
             "status": state.status.value,
+            **failure,
             "step_count": state.step_count(),
             "usage": state.usage.model_dump(mode="json"),
             "execution": self._execution(state.execution),
@@ -121,8 +129,12 @@ class SlimAgentStateSerializer:
             "last_continuation": self._continuation(state)
             if config.include_continuation_trace
             else None,
-            "metadata": dict(state.metadata),
+            "metadata": thaw(state.metadata),
         }
+
+    def _failure(self, state: AgentState) -> dict[str, Any]:
+        message = state.error_message()
+        return {"error_message": None if message is None else self._content(message)}
 
     def _execution(self, execution: ExecutionState) -> dict[str, Any]:
         moment = execution.updated_at or execution.run_started_at
@@ -140,7 +152,7 @@ class SlimAgentStateSerializer:
         return text if len(text) <= limit else text[:limit] + "..."
 
     def _message(self, message: Message) -> dict[str, Any]:
-        metadata: dict[str, Any] = dict(message.metadata)
+        metadata: dict[str, Any] = thaw(message.metadata)
         if message.tool_calls:
             metadata["tool_calls"] = [self._tool_call(c) for c in message.tool_calls]
         content = self._content(message.content)
@@ -154,7 +166,7 @@ class SlimAgentStateSerializer:
     def _tool_call(self, call: ToolCall) -> dict[str, Any]:
         if self.config.redact_tool_args:
             return {"id": call.id, "name": call.name}
-        return {"id": call.id, "name": call.name, "arguments": call.arguments}
+        return {"id": call.id, "name": call.name, "arguments": thaw(call.arguments)}
 
     def _steps(self, state: AgentState) -> list[dict[str, Any]]:
         return [self._step(r) for r in _recent(state.step_results(), self.config.max_steps)]
@@ -200,6 +212,7 @@ def _restore(data: Mapping[str, Any]) -> AgentState:
         ),
         messages=_answered(tuple(_restore_message(m) for m in data["messages"])),
         metadata=dict(data.get("metadata") or {}),
+        steps_not_kept=int(data.get("step_count") or 0),
     )
 
 

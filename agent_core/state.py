@@ -4,7 +4,12 @@
 recorded step results; :class:`CurrentExecution` holds the transient data of the step
 in progress (pending step, pending tool call and execution, error, stop reason and the
 hooks' :class:`ExecutionDecision`). Every ``with_*``/``record_*`` method returns a new
-state; nothing is modified in place.
+state; nothing is modified in place, and the state's data (metadata, message metadata,
+tool-call arguments, evaluation contexts) is read-only all the way down.
+
+Transient data is transient: the current execution is cleared when a run ends and is
+never serialized. Step numbers count over all runs of a state (a resumed conversation's
+first step continues the numbering), while limits count the current run's steps.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
+from agent_core._frozen import freeze_mapping, thaw
 from agent_core._ids import new_id
 from agent_core._time import elapsed_seconds, from_iso, to_iso
 from agent_core.continuation import ContinuationOutcome, StopReason
@@ -198,7 +204,13 @@ class AgentState(ExecutionSteps[AgentStep]):
         status: pending, in progress, completed or failed.
         execution: timing across runs.
         step_executions: recorded step results, oldest first.
-        current_execution: transient data of the step in progress.
+        current_execution: transient data of the step in progress (``None`` between
+            runs; never serialized).
+        start_outcome: the outcome judged before the current run's first step, until
+            a step result is recorded (so a run stopped before step 1 shows why).
+        stopped_by: why the last run stopped (set when it ends).
+        steps_not_kept: steps of earlier runs whose results this state does not hold
+            (a state restored from a slim snapshot); step numbers continue after them.
     """
 
     agent_id: str = field(default_factory=new_id)
@@ -210,10 +222,14 @@ class AgentState(ExecutionSteps[AgentStep]):
     execution: ExecutionState = field(default_factory=ExecutionState)
     step_executions: tuple[StepExecution, ...] = ()
     current_execution: CurrentExecution | None = None
+    start_outcome: ContinuationOutcome | None = None
+    stopped_by: StopReason | None = None
+    steps_not_kept: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.metadata, MappingProxyType):
-            object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
+            frozen = MappingProxyType(freeze_mapping(self.metadata))
+            object.__setattr__(self, "metadata", frozen)
         if not isinstance(self.messages, tuple):
             object.__setattr__(self, "messages", tuple(self.messages))
 
@@ -246,14 +262,29 @@ class AgentState(ExecutionSteps[AgentStep]):
     def start_execution(self, now: datetime, execution_id: str | None = None) -> AgentState:
         """A run begins: in progress, timing started, transient data reset."""
         execution = self.execution.start(now, execution_id or new_id())
-        current = CurrentExecution(step_number=1, started_at=now, id=new_id())
+        current = CurrentExecution(step_number=self.step_count() + 1, started_at=now, id=new_id())
         return replace(
-            self, status=AgentStatus.IN_PROGRESS, execution=execution, current_execution=current
+            self,
+            status=AgentStatus.IN_PROGRESS,
+            execution=execution,
+            current_execution=current,
+            start_outcome=None,
+            stopped_by=None,
         )
 
-    def end_execution(self, now: datetime, status: AgentStatus) -> AgentState:
-        """The run ends with ``status``; its time joins the cumulative total."""
-        return replace(self, status=status, execution=self.execution.end(now))
+    def end_execution(
+        self, now: datetime, status: AgentStatus, stop_reason: StopReason | None = None
+    ) -> AgentState:
+        """The run ends with ``status`` (because of ``stop_reason``, default: the one
+        decided so far); its time joins the cumulative total and its transient data is
+        cleared."""
+        return replace(
+            self,
+            status=status,
+            execution=self.execution.end(now),
+            current_execution=None,
+            stopped_by=stop_reason or self.stop_reason(),
+        )
 
     def execution_id(self) -> str | None:
         return self.execution.execution_id
@@ -262,8 +293,9 @@ class AgentState(ExecutionSteps[AgentStep]):
         return self.execution.cumulative_seconds_at(now)
 
     def begin_step(self, now: datetime, step_id: str | None = None) -> AgentState:
-        """Fresh transient data for the next step of this execution."""
-        number = self.execution_step_count() + 1
+        """Fresh transient data for the next step of this execution (numbered after
+        every step recorded so far, over all runs)."""
+        number = self.step_count() + 1
         current = CurrentExecution(step_number=number, started_at=now, id=step_id or new_id())
         return replace(self, current_execution=current)
 
@@ -359,7 +391,12 @@ class AgentState(ExecutionSteps[AgentStep]):
             step_executions=(*self.step_executions, result),
             execution=self.execution.touch(result.completed_at),
             current_execution=None if current is None else replace(current, pending_step=None),
+            start_outcome=None,
         )
+
+    def with_start_outcome(self, outcome: ContinuationOutcome) -> AgentState:
+        """Record the outcome judged before the run's first step."""
+        return replace(self, start_outcome=outcome)
 
     # reading results -----------------------------------------------------------------
 
@@ -373,22 +410,41 @@ class AgentState(ExecutionSteps[AgentStep]):
         return tuple(result.step for result in self.step_executions)
 
     def step_count(self) -> int:
-        """Recorded steps over all runs."""
-        return len(self.step_executions)
+        """Steps over all runs (including those whose results are not kept)."""
+        return self.steps_not_kept + len(self.step_executions)
 
     def continuation_outcome(self) -> ContinuationOutcome | None:
-        """The outcome judged after the last recorded step."""
+        """The latest continuation decision: the one before the run's first step
+        while no step was recorded since, else the one after the last recorded step."""
+        if self.start_outcome is not None:
+            return self.start_outcome
         last = self.last_step_result()
         return None if last is None else last.outcome
 
     def stop_reason(self) -> StopReason | None:
-        """Why the run stops or stopped: the reason the loop decided on, else the last
-        step result's (``None`` while it says continue)."""
+        """Why the run stops or stopped: the reason the loop decided on, else the one
+        the ended run recorded, else the latest outcome's (``None`` while it says
+        continue)."""
         current = self.current_execution
         if current is not None and current.stop_reason is not None:
             return current.stop_reason
-        last = self.last_step_result()
-        return None if last is None else last.stop_reason()
+        if self.stopped_by is not None:
+            return self.stopped_by
+        outcome = self.continuation_outcome()
+        return None if outcome is None or outcome.should_continue else outcome.stop_reason
+
+    def error_message(self) -> str | None:
+        """Why a failed run failed: the first error of its last step, else the reason
+        of the forbid that stopped it (e.g. a criterion that raised); ``None`` unless
+        the state is failed."""
+        if self.status is not AgentStatus.FAILED:
+            return None
+        results = self._execution_results()
+        if results and results[-1].step.errors:
+            return results[-1].step.errors[0].message
+        outcome = self.continuation_outcome()
+        forbid = None if outcome is None else outcome.deciding_forbid()
+        return None if forbid is None else forbid.reason
 
     # what criteria read (see agent_core.criteria) ---------------------------------
 
@@ -404,29 +460,33 @@ class AgentState(ExecutionSteps[AgentStep]):
     # serialization -------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """The full state as plain JSON data (see :meth:`from_dict`)."""
-        current = self.current_execution
+        """The state as plain JSON data (see :meth:`from_dict`); the transient current
+        execution is left out."""
+        outcome, stopped = self.start_outcome, self.stopped_by
         return {
             "agent_id": self.agent_id,
             "parent_agent_id": self.parent_agent_id,
             "status": self.status.value,
             "messages": [m.model_dump(mode="json") for m in self.messages],
-            "metadata": dict(self.metadata),
+            "metadata": thaw(self.metadata),
             "usage": self.usage.model_dump(mode="json"),
             "execution": self.execution.to_dict(),
             "step_executions": [r.to_dict() for r in self.step_executions],
-            "current_execution": None if current is None else current.to_dict(),
+            "start_outcome": None if outcome is None else outcome.to_dict(),
+            "stopped_by": None if stopped is None else stopped.value,
+            "steps_not_kept": self.steps_not_kept,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AgentState:
-        """Rebuild a state from :meth:`to_dict` output.
+        """Rebuild a state from :meth:`to_dict` output (a ``current_execution`` in
+        older data is transient and ignored).
 
         Raises:
             KeyError: a required field is missing.
             ValueError: a field has a bad value (pydantic's ``ValidationError`` is one).
         """
-        current = data.get("current_execution")
+        outcome, stopped = data.get("start_outcome"), data.get("stopped_by")
         return cls(
             agent_id=str(data["agent_id"]),
             parent_agent_id=data.get("parent_agent_id"),
@@ -438,5 +498,7 @@ class AgentState(ExecutionSteps[AgentStep]):
             step_executions=tuple(
                 StepExecution.from_dict(r) for r in data.get("step_executions", ())
             ),
-            current_execution=None if current is None else CurrentExecution.from_dict(current),
+            start_outcome=None if outcome is None else ContinuationOutcome.from_dict(outcome),
+            stopped_by=None if stopped is None else StopReason(stopped),
+            steps_not_kept=int(data.get("steps_not_kept", 0)),
         )

@@ -12,10 +12,16 @@ orchestrators (seed 000).
   state, judges it with the continuation criteria and records a
   :class:`~agent_core.process.StepRecord` (step + outcome);
 - :meth:`~StepByStep.can_continue` asks the criteria before the execution's first
-  step, then reads the last step result; a failed execution never continues;
+  step (the outcome is recorded in the state and, when it stops the run, emitted as
+  step 0), then reads the last step result; a failed execution never continues;
 - an exception during a step becomes a failure step
   (:meth:`~StepByStep.failure_step`) recorded with its outcome. If the criteria judge
   no errors, the base's error policy does, so an error never ends a run as completed.
+
+The status rule (the same as the agent's): a run is ``failed`` exactly when it stops
+with stop reason ``error``, and an error the policy does not tolerate wins over any
+limit that forbade in the same evaluation (see
+:meth:`~agent_core.continuation.ContinuationOutcome.deciding_forbid`).
 
 State processors are middleware over the transition state (``process(state, next)``):
 the defaults, :class:`AppendStepMessages` and :class:`AccumulateUsage`, put the step's
@@ -84,8 +90,10 @@ S = TypeVar("S", bound="ProcessState[Any]")
 StateT = TypeVar("StateT", bound="ProcessState[Any]")
 StepT = TypeVar("StepT", bound=ProcessStep)
 
-FAILING_STOP_REASONS = frozenset({StopReason.ERROR, StopReason.RETRY_LIMIT})
-"""Stopping for one of these ends the execution as ``failed``."""
+FAILING_STOP_REASONS = frozenset({StopReason.ERROR})
+"""Stopping for one of these ends the execution as ``failed`` (only ``error``: a
+``retry_limit`` stop whose errors the policy tolerated ends ``completed``; one whose
+policy ran out of retries stops for ``error``, which wins)."""
 
 
 # --- state processors (middleware) ---------------------------------------------------
@@ -326,7 +334,7 @@ class StepByStep(ABC, Generic[StateT, StepT]):
         self, state: StateT, *, execution_id: str | None = None
     ) -> AsyncIterator[StateT]:
         """Run one execution, yielding the state after each step and the final state."""
-        state = self._start(state, execution_id)
+        state = self._judge_start(self._start(state, execution_id))
         await self.events.flush()
         while self.can_continue(state):
             state = await self.perform_step(state)
@@ -340,6 +348,8 @@ class StepByStep(ABC, Generic[StateT, StepT]):
         step result. A failed execution never continues."""
         if state.status is AgentStatus.FAILED:
             return False
+        if state.start_outcome is not None:
+            return state.start_outcome.should_continue
         results = state.execution_results()
         if not results:
             return self.criteria.evaluate_all(state).should_continue
@@ -463,19 +473,31 @@ class StepByStep(ABC, Generic[StateT, StepT]):
                 )
             )
 
-    def _stop_reason(self, state: StateT) -> StopReason:
-        if state.execution_results():
-            last = state.execution_results()[-1]
-            return last.outcome.stop_reason
+    def _judge_start(self, state: StateT) -> StateT:
+        """Ask the criteria before the first step; a stop there is recorded, emitted
+        as step 0 and, when an error decided it, fails the run."""
         outcome = self.criteria.evaluate_all(state)
+        state = state.with_start_outcome(outcome)
+        if outcome.should_continue:
+            return state
         self.events.emit(
             ProcessContinuationEvaluated(**self._meta(state), step_number=0, outcome=outcome)
         )
-        return outcome.stop_reason
+        if outcome.stop_reason in FAILING_STOP_REASONS:
+            return state.with_status(AgentStatus.FAILED)
+        return state
+
+    def _stop_reason(self, state: StateT) -> StopReason:
+        if state.status is AgentStatus.FAILED:
+            return StopReason.ERROR
+        outcome = state.continuation_outcome()
+        return StopReason.GUARD if outcome is None else outcome.stop_reason
 
     async def _finish(self, state: StateT) -> StateT:
         stop = self._stop_reason(state)
         failed = state.status is AgentStatus.FAILED or stop in FAILING_STOP_REASONS
+        if failed:
+            stop = StopReason.ERROR
         try:
             state = await self.before_finish(state)
         except Exception:
@@ -492,7 +514,7 @@ class StepByStep(ABC, Generic[StateT, StepT]):
                 step_count=len(state.execution_results()),
                 usage=state.usage,
                 final_response=state.final_response(),
-                error_message=_last_error(state) if failed else None,
+                error_message=state.error_message(),
             )
         )
         return state
@@ -504,10 +526,3 @@ def step_tool_calls(step: ProcessStep) -> tuple[ToolCall, ...]:
         return tuple(c for c in calls if isinstance(c, ToolCall))
     executions = getattr(step, "tool_executions", ())
     return tuple(e.tool_call for e in executions if isinstance(e, ToolExecution))
-
-
-def _last_error(state: ProcessState[Any]) -> str | None:
-    for result in reversed(state.execution_results()):
-        if result.step.errors:
-            return str(result.step.errors[0].message)
-    return None

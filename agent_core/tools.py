@@ -21,6 +21,7 @@ from typing import Any, TypeVar, get_type_hints, overload
 import pydantic
 from pydantic import BaseModel, ConfigDict
 
+from agent_core._frozen import thaw
 from agent_core._time import Clock
 from agent_core.drivers.base import ToolSchema
 from agent_core.errors import AgentError, ToolError, ValidationError
@@ -160,7 +161,7 @@ class Tool:
             agent_core.errors.ValidationError: names every invalid or missing argument.
         """
         try:
-            return self.arguments_model.model_validate(dict(arguments))
+            return self.arguments_model.model_validate(thaw(arguments))
         except pydantic.ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"

@@ -272,6 +272,7 @@ async function startRun(event) {
   const input = form.elements.input.value.trim();
   const pace = Number(form.elements.pace.value);
   const trace = form.elements.trace.checked;
+  const maxSteps = form.elements.max_steps.value;
   if (!input) {
     view.formError("Type a question for the agent first.");
     return;
@@ -282,7 +283,7 @@ async function startRun(event) {
     const response = await fetch("/run", {
       method: "POST",
       headers: { "Content-Type": "application/json", Accept: "application/json" },
-      body: JSON.stringify({ input, trace, pace_ms: pace }),
+      body: JSON.stringify({ input, trace, pace_ms: pace, ...(maxSteps ? { max_steps: Number(maxSteps) } : {}) }),
     });
     const body = await response.json().catch(() => ({}));
     if (!response.ok) {

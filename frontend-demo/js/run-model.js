@@ -193,9 +193,14 @@ export function reconcile(run, snapshot) {
     if (a !== b) differences.push({ field, step, events: a, snapshot: b });
   };
   const built = totals(run);
+  // A later run of a session numbers its steps after the earlier runs' steps, and the
+  // snapshot counts them all (and their tokens): compare with the run's share of them.
+  const stepNumbers = [...run.steps.keys()];
+  const earlier = stepNumbers.length ? Math.max(0, Math.min(...stepNumbers) - 1) : 0;
+  const sessionUsage = earlier > 0 ? run.statusPayload?.usage?.total : undefined;
   differ("status", run.status, snapshot.status);
-  differ("step count", built.steps, snapshot.step_count);
-  differ("total tokens", built.usage.total, snapshot.usage?.total ?? 0);
+  differ("step count", built.steps + earlier, snapshot.step_count);
+  differ("total tokens", sessionUsage ?? built.usage.total, snapshot.usage?.total ?? 0);
   const snapSteps = new Map((snapshot.steps || []).map((step) => [step.step_number, step]));
   const numbers = new Set([...snapSteps.keys(), ...[...run.steps.values()].filter((s) => s.completed).map((s) => s.number)]);
   for (const number of [...numbers].sort((a, b) => a - b)) {

@@ -134,4 +134,7 @@ agent_states = st.builds(
     execution=execution_states,
     step_executions=st.lists(step_executions, max_size=3).map(tuple),
     current_execution=st.none() | current_executions,
+    start_outcome=st.none() | outcomes,
+    stopped_by=st.none() | st.sampled_from(StopReason),
+    steps_not_kept=st.integers(min_value=0, max_value=1000),
 )

@@ -124,7 +124,10 @@ async def test_two_tools_then_an_answer_completes() -> None:
     assert state.stop_reason() is StopReason.COMPLETED
     outcome = state.continuation_outcome()
     assert outcome is not None
-    assert (outcome.resolved_by, outcome.decision) == ("aggregate", ContinuationDecision.STOP)
+    assert (outcome.resolved_by, outcome.decision) == (
+        "ToolCallPresenceCheck",
+        ContinuationDecision.STOP,
+    )
     results = state.step_results()
     assert [r.step_number for r in results] == [1, 2, 3]
     assert [r.step.step_type for r in results] == [

@@ -39,10 +39,10 @@ def evaluations(*decisions: ContinuationDecision) -> tuple[ContinuationEvaluatio
 AGGREGATION_TABLE = [
     ((), False, AGGREGATE, StopReason.COMPLETED, S),
     ((A,), True, AGGREGATE, StopReason.COMPLETED, A),
-    ((S,), False, AGGREGATE, StopReason.COMPLETED, S),
+    ((S,), False, "C0-stop", StopReason.COMPLETED, S),
     ((R,), True, "C0-request", StopReason.COMPLETED, R),
     ((F,), False, "C0-forbid", StopReason.STEPS_LIMIT, F),
-    ((A, S), False, AGGREGATE, StopReason.COMPLETED, S),
+    ((A, S), False, "C1-stop", StopReason.COMPLETED, S),
     ((A, R), True, "C1-request", StopReason.COMPLETED, R),
     ((S, R), True, "C1-request", StopReason.COMPLETED, R),
     ((A, S, R), True, "C2-request", StopReason.COMPLETED, R),
@@ -50,7 +50,7 @@ AGGREGATION_TABLE = [
     ((A, R, F), False, "C2-forbid", StopReason.GUARD, F),
     ((F, R, R), False, "C0-forbid", StopReason.STEPS_LIMIT, F),
     ((R, F, F), False, "C1-forbid", StopReason.GUARD, F),
-    ((S, S), False, AGGREGATE, StopReason.COMPLETED, S),
+    ((S, S), False, "C0-stop", StopReason.COMPLETED, S),
 ]
 
 

@@ -97,7 +97,7 @@ async def test_snapshot_has_exactly_the_seed_schema() -> None:
     assert snap["last_continuation"] == {
         "should_continue": False,
         "stop_reason": "completed",
-        "resolved_by": "aggregate",
+        "resolved_by": "ToolCallPresenceCheck",
     }
 
 

@@ -50,12 +50,16 @@ def screenshot(page: Page, folder: Path, name: str) -> None:
     page.set_viewport_size({"width": 1280, "height": 800})
 
 
-def start_run(page: Page, url: str, question: str, pace: str = "40") -> str:
+def start_run(
+    page: Page, url: str, question: str, pace: str = "40", max_steps: str | None = None
+) -> str:
     """Open the dashboard, start a run from the input box; returns the session id."""
     page.goto(url + "/")
     expect(page.locator("body")).to_have_attribute("data-ready", "true", timeout=WAIT_MS)
     page.get_by_label("Ask the agent").fill(question)
     page.get_by_label("Pace").select_option(pace)
+    if max_steps is not None:
+        page.get_by_label("Step limit").select_option(max_steps)
     page.get_by_role("button", name="Start run").click()
     session = page.locator("#session-id")
     expect(session).not_to_have_text("—", timeout=WAIT_MS)
@@ -185,6 +189,25 @@ def test_the_page_resumes_after_the_websocket_drops_mid_run_with_no_missing_step
         screenshot(page, artifacts, "resumed")
     finally:
         proxy.close()
+
+
+def test_a_run_that_fails_on_its_last_allowed_step_is_shown_failed_with_its_error(
+    page: Page, demo_server: ServerProcess, artifacts: Path
+) -> None:
+    """Step limit 2 and a model that fails in step 2 (``[fail:model]``): the error wins
+    over the step limit, on the page as in the stored snapshot."""
+    start_run(page, demo_server.url, "What is the weather in Oslo? [fail:model]", max_steps="2")
+    expect(page.get_by_label("Run status")).to_have_text("failed", timeout=WAIT_MS)
+    expect(page.locator("#run-error")).to_be_visible()
+    expect(page.locator("#run-error")).to_contain_text("the demo model failed on purpose")
+    expect(page.locator("#stop-reason")).to_have_text("error")
+    expect(page.locator("#timeline > li.step")).to_have_count(2)
+    failed = page.locator("#step-2")
+    expect(failed.locator(".finish")).to_have_text("error")
+    expect(failed.locator(".step-meta")).to_contain_text("1 error")
+    expect(failed.locator(".continuation .cont-resolved")).to_have_text("ErrorPolicyCriterion")
+    expect(page.locator("#reconcile")).to_have_attribute("data-state", "in_sync", timeout=WAIT_MS)
+    screenshot(page, artifacts, "failed-on-last-step")
 
 
 def test_attaching_to_a_finished_session_replays_its_history_and_is_in_sync(

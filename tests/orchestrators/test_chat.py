@@ -129,8 +129,16 @@ async def test_a_failing_participant_is_retried_twice_then_the_chat_fails() -> N
     orchestrator, recorder = chat(ModelParticipant("bot", driver), ScriptedParticipant("x", []))
     state = await orchestrator.run("hello?")
     assert [r.actor for r in state.step_results()] == ["bot", "bot", "bot"]
-    assert state.stop_reason() is StopReason.RETRY_LIMIT
+    # RetryLimit and the error policy both forbid the third failure: the error wins
+    assert state.stop_reason() is StopReason.ERROR
     assert state.status is AgentStatus.FAILED
+    outcome = state.continuation_outcome()
+    assert outcome is not None
+    assert outcome.resolved_by == "ErrorPolicyCriterion"
+    assert [e.stop_reason for e in outcome.evaluations if e.decision == "forbid"] == [
+        StopReason.RETRY_LIMIT,
+        StopReason.ERROR,
+    ]
     reasons = [e.reason for e in recorder.of(ParticipantSelected)]
     assert reasons[1:] == ["retrying bot after a failed turn"] * 2
 

@@ -82,7 +82,7 @@ async def test_model_selector_picks_a_collaborator_by_name() -> None:
     assert [r.actor for r in state.step_results()] == ["reviewer"]
 
 
-async def test_stop_reasons_steps_limit_and_retry_limit() -> None:
+async def test_stop_reasons_steps_limit_and_exhausted_retries() -> None:
     loop = CallableCollaborator("loop", lambda turn: "again")
     orchestrator, _ = collaboration(loop, max_steps=4)
     state = await orchestrator.run("go")
@@ -91,7 +91,7 @@ async def test_stop_reasons_steps_limit_and_retry_limit() -> None:
     slow = ModelCollaborator("slow", ScriptedDriver([ScriptedFailure(ModelTimeoutError("t"))] * 2))
     orchestrator, _ = collaboration(slow, max_retries=1)
     failed = await orchestrator.run("go")
-    assert (failed.step_count(), failed.stop_reason()) == (2, StopReason.RETRY_LIMIT)
+    assert (failed.step_count(), failed.stop_reason()) == (2, StopReason.ERROR)
     assert failed.status is AgentStatus.FAILED
 
 

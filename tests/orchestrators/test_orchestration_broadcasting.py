@@ -182,7 +182,7 @@ async def test_tool_use_maps_tools_text_and_continuation() -> None:
     assert [s.continuation.resolved_by for s in steps] == [  # type: ignore[union-attr]
         "ToolCallPresenceCheck",
         "ToolCallPresenceCheck",
-        "aggregate",
+        "ToolCallPresenceCheck",
     ]
 
 
@@ -233,7 +233,7 @@ async def test_a_failed_run_ends_with_a_failed_status() -> None:
     final = envelopes[-1].payload
     assert (final.status, final.stop_reason, final.error_message) == (  # type: ignore[union-attr]
         "failed",
-        "retry_limit",
+        "error",
         "down",
     )
     errors = [e.payload.errors for e in envelopes if e.type == "agent.step.completed"]  # type: ignore[union-attr]

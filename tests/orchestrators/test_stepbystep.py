@@ -23,6 +23,7 @@ from agent_core.orchestration_events import (
     ProcessStepFailed,
 )
 from agent_core.process import ProcessState
+from agent_core.process_serialization import SlimProcessStateSerializer
 from agent_core.state import AgentStatus
 from agent_core.stepbystep import (
     AccumulateUsage,
@@ -123,12 +124,17 @@ async def test_can_continue_reads_the_last_step_result_not_the_criteria() -> Non
     assert notes.can_continue(state.with_status(AgentStatus.FAILED)) is False
 
 
-async def test_a_new_execution_gets_a_fresh_step_budget() -> None:
-    notes = Notes(["a", "b", "c", "d"], limit(2))
+async def test_a_new_execution_gets_a_fresh_step_budget_and_numbers_on() -> None:
+    notes = Notes(["a", "b", "c", "d", "e"], limit(2))
     first = await notes.final_step(NoteState())
     second = await notes.final_step(first)
     assert second.step_count() == 4
-    assert [r.step_number for r in second.step_results()] == [1, 2, 1, 2]
+    assert [r.step_number for r in second.step_results()] == [1, 2, 3, 4]
+    slim = SlimProcessStateSerializer(NoteState)
+    restored = slim.deserialize(slim.serialize(second))
+    assert restored.step_count() == 4
+    third = await Notes(["e"], limit(1)).final_step(restored)
+    assert [r.step_number for r in third.step_results()] == [5]
     assert second.execution.run_count == 2
 
 
@@ -150,14 +156,14 @@ async def test_a_raised_error_is_recorded_as_a_failure_step_with_its_outcome() -
 
 async def test_a_retry_policy_retries_failed_steps() -> None:
     criteria = ContinuationCriteria[NoteState](
-        StepsLimit(5), ErrorPolicyCriterion(ErrorPolicy.retry_all(2))
+        StepsLimit(2), ErrorPolicyCriterion(ErrorPolicy.retry_all(2))
     )
     notes = Notes([ValueError("flaky"), "ok"], criteria)
     state = await notes.final_step(NoteState())
     first = state.step_results()[0]
     assert first.outcome.decision is ContinuationDecision.REQUEST
     assert "ValueError: flaky" in first.step.errors[0].message
-    assert state.status is AgentStatus.COMPLETED
+    assert (state.status, state.stop_reason()) == (AgentStatus.COMPLETED, StopReason.STEPS_LIMIT)
     assert state.final_response() == "ok"
 
 

@@ -38,7 +38,7 @@ async def test_weather_demo_runs_to_completion_with_its_events() -> None:
     assert [r.outcome.resolved_by for r in state.step_results()] == [
         "ToolCallPresenceCheck",
         "ToolCallPresenceCheck",
-        "aggregate",
+        "ToolCallPresenceCheck",
     ]
     step = ["process.step.started"]
     recorded = ["process.continuation", "process.state.updated", "process.step.completed"]
