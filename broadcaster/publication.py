@@ -35,7 +35,8 @@ class Position:
         """
         epoch, sep, offset = text.rpartition(":")
         if not sep or not epoch or not offset.isdigit():
-            raise ValueError(f"invalid position {text!r}: expected '<epoch>:<offset>'")
+            shown = repr(text) if len(text) <= 100 else f"{text[:100]!r}..."
+            raise ValueError(f"invalid position {shown}: expected '<epoch>:<offset>'")
         return cls(offset=int(offset), epoch=epoch)
 
 

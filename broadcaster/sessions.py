@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from broadcaster.backends.base import BackendUnavailable
+from broadcaster.http_input import excerpt
 from broadcaster.node import Node
 from broadcaster.publishers import state_key
 from broadcaster.settings import AppConfig
@@ -103,9 +104,9 @@ def request_app(node: Node, request: Request) -> AppConfig:
     app_id = request.query_params.get("app_id") or node.apps[0].id
     app = node.app_by_id(app_id)
     if app is None:
-        raise SessionRefused(404, f"unknown app {app_id!r}")
+        raise SessionRefused(404, f"unknown app {excerpt(app_id)}")
     if not app.enabled:
-        raise SessionRefused(403, f"app {app_id!r} is disabled")
+        raise SessionRefused(403, f"app {excerpt(app_id)} is disabled")
     return app
 
 
@@ -133,7 +134,7 @@ async def session_channel(node: Node, app: AppConfig, request: Request, session_
         BackendUnavailable: the backend cannot be read now.
     """
     if not SESSION_ID.match(session_id):
-        raise SessionRefused(400, f"invalid session id {session_id!r}: {SESSION_ID.pattern}")
+        raise SessionRefused(400, f"invalid session id {excerpt(session_id)}: {SESSION_ID.pattern}")
     private = private_channel(session_id)
     token, auth = bearer_token(request), request.query_params.get("auth")
     if token is not None or auth is not None:
