@@ -109,6 +109,7 @@ class NativeSessions:
             socket.write(text_frame(protocol.error(exc.code, exc.message)))
             socket.close_now(int(exc.code), exc.message, node.delivery.abort_after)
             return None
+        socket.limit_message_size(app.max_frame_size)
         return _NativeSession(node, node.open(app, raw=socket), socket)
 
 
