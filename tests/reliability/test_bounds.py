@@ -87,7 +87,7 @@ async def test_huge_invalid_bodies_get_small_422_answers(start_server: StartServ
         ("/run", {"input": "hi", big[:5000]: 1}),
         ("/run", {"input": "hi", **many_keys}),
         ("/ag-ui", {"threadId": big}),
-        ("/ag-ui", {"threadId": "t", "runId": "r", "state": {}, "messages": [big[:3 << 20]] * 2}),
+        ("/ag-ui", {"threadId": "t", "runId": "r", "state": {}, "messages": [big[: 3 << 20]] * 2}),
     ]
     async with httpx.AsyncClient(base_url=live.url, timeout=60) as http:
         for path, payload in cases:

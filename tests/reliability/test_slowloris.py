@@ -30,8 +30,7 @@ UPGRADE = (
 
 def connect(url: str, source: str = "127.0.0.1") -> socket.socket:
     host, port = url.removeprefix("http://").rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout=20, source_address=(source, 0))
-    return sock
+    return socket.create_connection((host, int(port)), timeout=20, source_address=(source, 0))
 
 
 def read_all(sock: socket.socket) -> bytes:
