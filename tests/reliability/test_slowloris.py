@@ -112,15 +112,33 @@ async def test_a_request_head_over_64_kib_gets_431(start_server: StartServer) ->
     assert answer.startswith(b"HTTP/1.1 431 ")
 
 
-async def test_the_served_command_applies_the_head_deadline(
-    server_factory: ServerFactory,
-) -> None:
-    """``agent-broadcaster serve`` (a real process) takes the setting from its
-    environment and closes a half-sent handshake."""
-    server = server_factory(env={"BROADCASTER_HEADER_TIMEOUT": "0.5"})
+async def test_the_served_command_applies_the_limits(server_factory: ServerFactory) -> None:
+    """``agent-broadcaster serve`` (a real process, on uvloop) takes the settings from
+    its environment: a half-sent handshake is closed, a third WebSocket from one address
+    is refused, and closed WebSockets give their slots back."""
+    env = {"BROADCASTER_HEADER_TIMEOUT": "0.5", "BROADCASTER_MAX_CONNECTIONS_PER_IP": "2"}
+    server = server_factory(env=env)
     assert await answer_to(server.url, UPGRADE.encode()) == b""
-    async with httpx.AsyncClient() as http:
-        assert (await http.get(f"{server.url}/up")).status_code == 200
+    url = server.ws_url + WS_PATH
+    for _ in range(3):  # the slots of closed connections come back
+        held = [await connect_when_free(url), await connect_when_free(url)]
+        assert_refused(await answer_to(server.url, UPGRADE.encode() + b"\r\n"), 2)
+        for client in held:
+            await client.close()
+
+
+async def connect_when_free(url: str) -> Client:
+    """A Pusher client, retried while the address is at its limit (a closed
+    connection's slot comes back when the server has seen it go)."""
+    connected: list[Client] = []
+
+    async def attempt() -> bool:
+        with contextlib.suppress(websockets.InvalidStatus):
+            connected.append(await Client.connect(url))
+        return bool(connected)
+
+    await eventually(attempt, "a free connection slot")
+    return connected[0]
 
 
 # -- connections per client address -------------------------------------------------------
