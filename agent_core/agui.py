@@ -46,7 +46,9 @@ id; ``details`` lists at most 10 errors, without the input),
 403 (private sessions: the thread exists and the request lacks its session token as
 ``Authorization: Bearer``), 409 (the thread has a run in progress), 503 (the backend is
 unreachable). With private sessions the session token is returned in the
-``X-Session-Token`` header and ``RUN_STARTED``'s metadata.
+``X-Session-Token`` header and ``RUN_STARTED``'s metadata. A stream holds its TCP
+connection, which counts against the server's per-address limit
+(``max_connections_per_ip``: ``429`` with ``Retry-After`` above it).
 """
 
 from __future__ import annotations

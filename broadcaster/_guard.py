@@ -28,6 +28,7 @@ import asyncio
 import functools
 import json
 import logging
+import time
 from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
@@ -49,23 +50,41 @@ RETRY_AFTER = 5
 _REFUSED_GRACE = 1.0  # seconds a refused connection may take to send its request head
 
 
+_WARN_EVERY = 60.0  # seconds between two warnings about refused connections
+
+
 class AddressSlots:
     """Open connections per client address, refused above ``limit`` (0: never)."""
 
-    __slots__ = ("_open", "limit")
+    __slots__ = ("_open", "_warned_at", "limit")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._open: dict[str, int] = {}
+        self._warned_at = -_WARN_EVERY
 
     def take(self, address: str) -> bool:
         """Count one more connection from ``address``; False (and not counted) when
         it already has ``limit``."""
         held = self._open.get(address, 0)
         if self.limit and held >= self.limit:
+            self._warn(address)
             return False
         self._open[address] = held + 1
         return True
+
+    def _warn(self, address: str) -> None:
+        now = time.monotonic()
+        if now - self._warned_at >= _WARN_EVERY:
+            self._warned_at = now
+            log.warning(
+                "refusing connections from %s: it has %d open, the limit of "
+                "max_connections_per_ip (behind a reverse proxy every client has the "
+                "proxy's address: raise the limit or set 0); next warning in %d s at most",
+                address,
+                self.limit,
+                _WARN_EVERY,
+            )
 
     def give_back(self, address: str) -> None:
         """One connection from ``address`` closed."""

@@ -132,12 +132,14 @@ async def closed_with(url: str, frame: bytes) -> int | None:
         raw.close()
 
 
+@pytest.mark.parametrize("ws", [None, "websockets-sansio"], ids=["native", "asgi"])
 async def test_a_frame_announcing_900_kb_is_refused_from_its_header(
-    start_server: StartServer,
+    start_server: StartServer, ws: str | None
 ) -> None:
     """The frame limit follows max_message_size (10 KiB -> 20 KiB frames): a frame
-    announcing 900 KB is closed with 1009 at once, not held until 1 MiB arrives."""
-    live = await start_server()
+    announcing 900 KB is closed with 1009 at once, not held until 1 MiB arrives; on
+    the fast path and under uvicorn's own protocol (the ASGI endpoint) alike."""
+    live = await start_server(ws=ws)
     code = await closed_with(live.ws_url + WS_PATH, announce(900_000) + b"x" * 1000)
     assert code == 1009
 
