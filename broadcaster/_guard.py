@@ -116,8 +116,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        address = self.client[0] if self.client else None
-        if address is not None:
+        address = self.client[0] if self.client and self.slots.limit else None
+        if address is not None:  # counted only under a limit: nothing kept per connection
             if not self.slots.take(address):
                 self._refuse(address)
                 return
