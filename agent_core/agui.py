@@ -39,12 +39,16 @@ envelope                               AG-UI events
 ``agent.status`` failed                ``STATE_SNAPSHOT`` if stored, ``RUN_ERROR``
 =====================================  ===============================================
 
-Errors before the stream starts are JSON ``{"error": ...}``: 422 (not a valid
-``RunAgentInput``, or no user message, or a ``threadId`` that cannot be a session id),
+Errors before the stream starts are JSON ``{"error": ...}``: 413 (a body over the
+server's ``max_request_bytes``), 408 (a body slower than ``body_timeout``), 422 (not a
+valid ``RunAgentInput``, or no user message, or a ``threadId`` that cannot be a session
+id; ``details`` lists at most 10 errors, without the input),
 403 (private sessions: the thread exists and the request lacks its session token as
 ``Authorization: Bearer``), 409 (the thread has a run in progress), 503 (the backend is
 unreachable). With private sessions the session token is returned in the
-``X-Session-Token`` header and ``RUN_STARTED``'s metadata.
+``X-Session-Token`` header and ``RUN_STARTED``'s metadata. A stream holds its TCP
+connection, which counts against the server's per-address limit
+(``max_connections_per_ip``: ``429`` with ``Retry-After`` above it).
 """
 
 from __future__ import annotations
@@ -87,6 +91,7 @@ from starlette.types import Receive, Scope, Send
 from agent_core.runs import RunHandle, RunRequest, SessionBusy
 from broadcaster import envelope as env
 from broadcaster.backends.base import BackendUnavailable
+from broadcaster.http_input import BodyRefused, describe_validation, read_body, validation_details
 from broadcaster.node import Node
 from broadcaster.publication import Position
 from broadcaster.publishers import state_key
@@ -380,14 +385,18 @@ def routes(host: Host) -> list[Route]:
 
 
 async def _run(host: Host, request: Request) -> Response:
+    settings = host.node.settings
     try:
-        agent_input = RunAgentInput.model_validate(orjson.loads(await request.body()))
+        body = await read_body(request, settings.max_request_bytes, settings.body_timeout)
+        agent_input = RunAgentInput.model_validate(orjson.loads(body))
         wanted = run_request(agent_input)
+    except BodyRefused as exc:
+        return _error(exc.status, exc.message)
     except orjson.JSONDecodeError as exc:
         return _error(422, f"the body must be a JSON RunAgentInput: {exc}")
     except ValidationError as exc:
-        details = orjson.loads(orjson.dumps(exc.errors(include_url=False, include_context=False)))
-        return _error(422, _describe(exc), details=details)
+        message = describe_validation(exc, "RunAgentInput")
+        return _error(422, message, details=validation_details(exc))
     except InvalidInput as exc:
         return _error(422, f"invalid RunAgentInput: {exc}")
     session_id = agent_input.thread_id
@@ -519,12 +528,6 @@ async def _translate(
         except BackendUnavailable as exc:
             logger.warning("no final state for %s: %s", envelope.session_id, exc)
     return mapper.feed(envelope, state)
-
-
-def _describe(exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "body"
-    return f"invalid RunAgentInput: {where}: {first['msg']}"
 
 
 def _error(status: int, message: str, **extra: Any) -> JSONResponse:

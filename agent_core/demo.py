@@ -43,6 +43,7 @@ from agent_core.worker import RunQueue
 from broadcaster._text import excerpt
 from broadcaster.backends import BackendUnavailable
 from broadcaster.extensions import ExtensionContext, ExtensionError
+from broadcaster.http_input import BodyRefused, describe_validation, read_body, validation_details
 from broadcaster.node import Node
 from broadcaster.publishers import BackendStateStore, InProcessPublisher, state_key
 from broadcaster.sessions import (
@@ -207,14 +208,16 @@ def _config(demo: _Demo) -> Any:
 def _run(demo: _Demo) -> Any:
     async def run(request: Request) -> Response:
         try:
-            body = orjson.loads(await request.body())
+            body = orjson.loads(await _body(demo.node, request))
+        except BodyRefused as exc:
+            return _error(exc.status, exc.message)
         except orjson.JSONDecodeError as exc:
             return _error(400, f"the body must be JSON: {exc}")
         try:
             run_request = RunRequest.model_validate(body)
         except ValidationError as exc:
-            details = exc.errors(include_url=False, include_context=False)
-            return _error(422, _describe(exc), details=orjson.loads(orjson.dumps(details)))
+            message = describe_validation(exc, "run request")
+            return _error(422, message, details=validation_details(exc))
         assert demo.runs is not None, "the lifespan starts the run manager"
         try:
             refused = await _private_refusal(demo, request, run_request.session_id)
@@ -258,12 +261,6 @@ async def _private_refusal(
     )
 
 
-def _describe(exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "body"
-    return f"invalid run request: {where}: {first['msg']}"
-
-
 def _auth(demo: _Demo) -> Any:
     """``POST /broadcasting/auth``: the channel signature of ``private-agent.<session>``
     for the holder of that session's token, for a real socket id only (``<digits>.
@@ -271,7 +268,10 @@ def _auth(demo: _Demo) -> Any:
     would hand out signatures of requests nobody authorized."""
 
     async def auth(request: Request) -> Response:
-        fields = await _fields(request)
+        try:
+            fields = await _fields(demo.node, request)
+        except BodyRefused as exc:
+            return _error(exc.status, exc.message)
         socket_id = fields.get("socket_id", "")
         channel = fields.get("channel_name", "")
         token = fields.get("session_token", "")
@@ -293,9 +293,23 @@ def _auth(demo: _Demo) -> Any:
     return auth
 
 
-async def _fields(request: Request) -> dict[str, str]:
-    """URL-encoded form fields (pusher-js's default) or a JSON object."""
-    body = await request.body()
+async def _body(node: Node, request: Request) -> bytes:
+    """The request body, under the server's ``max_request_bytes`` and ``body_timeout``.
+
+    Raises:
+        BodyRefused: 413 too large, 408 too slow.
+    """
+    settings = node.settings
+    return await read_body(request, settings.max_request_bytes, settings.body_timeout)
+
+
+async def _fields(node: Node, request: Request) -> dict[str, str]:
+    """URL-encoded form fields (pusher-js's default) or a JSON object.
+
+    Raises:
+        BodyRefused: see :func:`_body`.
+    """
+    body = await _body(node, request)
     if request.headers.get("content-type", "").startswith("application/json"):
         try:
             data = orjson.loads(body)

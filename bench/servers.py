@@ -53,6 +53,9 @@ class ServerSpec:
                 APP["secret"],
                 "--log-level",
                 "warning",
+                # Every load generator connects from 127.0.0.1: no per-address limit.
+                "--max-connections-per-ip",
+                "0",
             ]
         if self.name == "websockets":
             return [sys.executable, "-m", "bench.ref_websockets", "--redis", redis_url]

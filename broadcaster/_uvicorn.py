@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, cast
 from urllib.parse import unquote
 
@@ -87,6 +87,11 @@ class NativeSocket(RawSocket, Protocol):
         """Run ``work`` as a task that a graceful shutdown waits for."""
         ...
 
+    def limit_message_size(self, size: int) -> None:
+        """Refuse inbound messages over ``size`` bytes from now on (close 1009, from the
+        frame header, before their payload is read)."""
+        ...
+
 
 class Session(Protocol):
     """One natively served WebSocket connection, driven by the protocol's callbacks."""
@@ -144,6 +149,7 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
 
     shutdown_abort_after = 5.0
     session: Session | None = None  # a class default: no instance entry unless native
+    on_lost: Callable[[], None] | None = None  # called once the transport is gone
 
     def handle_connect(self, event: Request) -> None:
         sessions = cast("Sessions | None", self.app_state.get(SESSIONS_STATE))
@@ -210,6 +216,10 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        on_lost = self.on_lost
+        if on_lost is not None:
+            self.on_lost = None
+            on_lost()
         session = self.session
         if session is not None:
             self.session = None
@@ -230,6 +240,10 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
         task = self.loop.create_task(work)
         task.add_done_callback(self.on_task_complete)
         self.tasks.add(task)
+
+    def limit_message_size(self, size: int) -> None:
+        # Read by the websockets parser before each frame: the next header over it fails.
+        self.conn.max_message_size = size
 
     @property
     def closing(self) -> bool:

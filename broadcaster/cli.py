@@ -42,7 +42,16 @@ def main() -> None:
 @click.option(
     "--max-buffer-bytes", type=int, help="Unsent bytes before a slow client gets 4100 [1 MiB]."
 )
-@click.option("--max-request-bytes", type=int, help="Largest HTTP API body [256 KiB].")
+@click.option("--max-request-bytes", type=int, help="Largest HTTP request body [256 KiB].")
+@click.option("--body-timeout", type=float, help="Seconds to send a request body [30].")
+@click.option(
+    "--header-timeout", type=float, help="Seconds to send a request head or upgrade [10]."
+)
+@click.option(
+    "--max-connections-per-ip",
+    type=int,
+    help="Open connections per client address; 0 for no limit [1000].",
+)
 @click.option("--history-size", type=int, help="Publications kept per channel [1000].")
 @click.option("--history-ttl", type=int, help="Seconds a channel's history is kept [600].")
 @click.option("--redis-prefix", help="Prefix of every Redis key [broadcaster].")

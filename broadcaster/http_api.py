@@ -4,7 +4,7 @@ Every request is signed (:func:`broadcaster.signing.verify_request`: key, timest
 within 600 s, ``body_md5``, constant-time signature) and bodies are validated by
 :mod:`broadcaster.http_models`. Errors are JSON ``{"error": ..., "status": ...}`` with
 400 (bad request), 401 (authentication), 403 (app disabled), 404 (no such app),
-413 (too large) or 503 (the backend is unreachable).
+408 (body too slow, ``body_timeout``), 413 (too large) or 503 (the backend is unreachable).
 
 =====  ==============================================  ====================================
 POST   ``/apps/{app_id}/events``                       publish one event on 1-100 channels
@@ -31,10 +31,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from broadcaster import http_models
-from broadcaster._text import excerpt
 from broadcaster.backends.base import BackendUnavailable
 from broadcaster.channels import ChannelKind, channel_kind, validate_channel_name
 from broadcaster.exceptions import ApiError, ProtocolError
+from broadcaster.http_input import BodyRefused, excerpt, read_body
 from broadcaster.http_models import TriggerRequest
 from broadcaster.node import Node
 from broadcaster.settings import AppConfig
@@ -68,6 +68,7 @@ class _Api:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.max_body = node.settings.max_request_bytes
+        self.body_timeout = node.settings.body_timeout
 
     def wrap(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         """Authenticate, run ``handler`` and turn errors into JSON responses."""
@@ -97,23 +98,14 @@ class _Api:
             return app
         app = self.node.app_by_id(app_id)
         if app is None:
-            raise ApiError(404, f"no app with id {app_id!r}")
+            raise ApiError(404, f"no app with id {excerpt(app_id)}")
         return app
 
     async def _body(self, request: Request) -> bytes:
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit():  # no int() of thousands of digits: 19+ digits is >= 10**18
-            size = int(declared) if len(declared) <= 18 else 10**18
-            if size > self.max_body:
-                raise _too_large(size, self.max_body)
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body:
-                raise _too_large(size, self.max_body)
-            chunks.append(chunk)
-        return b"".join(chunks)
+        try:
+            return await read_body(request, self.max_body, self.body_timeout)
+        except BodyRefused as exc:
+            raise ApiError(exc.status, exc.message) from None
 
     async def events(self, request: Request, app: AppConfig, body: bytes) -> dict[str, Any]:
         trigger = http_models.parse_trigger(body, app)
@@ -198,7 +190,3 @@ def _channel_param(request: Request) -> str:
         return validate_channel_name(request.path_params["channel"])
     except ProtocolError as exc:
         raise ApiError(400, exc.message) from None
-
-
-def _too_large(size: int, limit: int) -> ApiError:
-    return ApiError(413, f"request body is {size} bytes or more; the limit is {limit} bytes")

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
 
 from broadcaster.channels import validate_channel_name
 from broadcaster.exceptions import ApiError, ProtocolError
+from broadcaster.http_input import excerpt, validation_details
 from broadcaster.protocol import is_valid_socket_id
 from broadcaster.settings import AppConfig
 
@@ -114,7 +115,8 @@ def parse_info(text: str | None) -> frozenset[str]:
     unknown = sorted(attributes - INFO_ATTRIBUTES)
     if unknown:
         allowed = ", ".join(sorted(INFO_ATTRIBUTES))
-        raise ApiError(400, f"unknown info attribute(s) {', '.join(unknown)}: use {allowed}")
+        named = excerpt(", ".join(unknown))
+        raise ApiError(400, f"unknown info attribute(s) {named}: use {allowed}")
     return attributes
 
 
@@ -206,11 +208,15 @@ def _info(text: str | None, where: str) -> frozenset[str]:
 
 
 def _describe(exc: ValidationError, where: str) -> str:
-    return "; ".join(_describe_one(err, where) for err in exc.errors())
+    # Few and cut: unknown fields are named by the client, as many as its body holds.
+    details = validation_details(exc, most=3)
+    return "; ".join(_describe_one(err, where) for err in details)
 
 
 def _describe_one(err: Any, where: str) -> str:
     field = ".".join(str(part) for part in err["loc"])
+    if err["type"] == "more_errors":
+        return f"and {err['msg']} errors"
     if err["type"] == "missing":
         return f"{where}{field} is required"
     if field == "data" and err["type"] == "string_type":

@@ -4,10 +4,16 @@ port (also for ``--port 0``) is known and printed before serving.
 Graceful shutdown (SIGINT/SIGTERM), in uvicorn's stages: stop accepting, close every
 WebSocket client with 4200 ("server closing, reconnect now"; clients that do not answer
 within half of ``shutdown_timeout`` are dropped), wait for the connections to finish for
-at most ``shutdown_timeout`` seconds, then close the node and backend (lifespan)."""
+at most ``shutdown_timeout`` seconds, then close the node and backend (lifespan).
+
+Below the application, every connection is held to a request-head deadline
+(``header_timeout``) and size, and to a number of open connections per client address
+(``max_connections_per_ip``): :mod:`broadcaster._guard`. WebSocket messages are limited
+from their frame header to the app's ``max_frame_size``."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import math
 import socket
@@ -15,13 +21,14 @@ import sys
 
 import uvicorn
 
+from broadcaster._guard import http_class
 from broadcaster._uvicorn import protocol_class
 from broadcaster.app import create_app
 from broadcaster.extensions import ExtensionError
 from broadcaster.node import Node
 from broadcaster.settings import Settings
 
-__all__ = ["serve"]
+__all__ = ["http_protocol", "serve", "ws_max_size"]
 
 
 def serve(settings: Settings) -> None:
@@ -34,10 +41,11 @@ def serve(settings: Settings) -> None:
         sys.exit(f"agent-broadcaster: {exc}")
     config = uvicorn.Config(
         app,
+        http=http_protocol(settings),
         # The fast path writes pre-built frames, so frames must never be compressed.
         ws=protocol_class(shutdown_abort_after=settings.shutdown_timeout / 2),
         ws_per_message_deflate=False,
-        ws_max_size=_ws_max_size(settings),
+        ws_max_size=ws_max_size(settings),
         lifespan="on",
         log_level=settings.log_level,
         timeout_graceful_shutdown=math.ceil(settings.shutdown_timeout),
@@ -73,11 +81,17 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def _ws_max_size(settings: Settings) -> int:
-    # Messages up to this size reach the app, which answers oversize ones (above the
-    # app's max_message_size) with pusher:error 4302; larger ones are closed with 1009.
-    largest = max(app.max_message_size for app in settings.apps())
-    return max(1 << 20, 4 * largest)
+def http_protocol(settings: Settings) -> type[asyncio.Protocol]:
+    """uvicorn's ``http`` for ``settings``: request-head deadline and size limit, and
+    the per-client-address connection limit (see :mod:`broadcaster._guard`)."""
+    return http_class(settings.max_connections_per_ip, settings.header_timeout)
+
+
+def ws_max_size(settings: Settings) -> int:
+    """uvicorn's ``ws_max_size``: the largest app's frame limit (``max_frame_size``).
+    Natively served connections narrow it to their own app's once admitted; messages
+    over it are refused from the frame header with close 1009, before being buffered."""
+    return max(app.max_frame_size for app in settings.apps())
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -100,7 +100,7 @@ def request_app(node: Node, request: Request) -> AppConfig:
     if app is None:
         raise SessionRefused(404, f"unknown app {excerpt(app_id)}")
     if not app.enabled:
-        raise SessionRefused(403, f"app {app_id!r} is disabled")
+        raise SessionRefused(403, f"app {excerpt(app_id)} is disabled")
     return app
 
 

@@ -50,6 +50,15 @@ class AppConfig(BaseModel):
     max_event_data_size: Annotated[int, Field(ge=1)] = 10_240
     max_event_name_length: Annotated[int, Field(ge=1)] = 200
 
+    @property
+    def max_frame_size(self) -> int:
+        """The largest WebSocket message read from a client of this app, in bytes:
+        ``max_message_size`` plus as much again (at least 4 KiB). Messages up to it are
+        read and answered with ``pusher:error`` 4302 when over ``max_message_size``;
+        larger ones are refused from their frame header with close 1009, before their
+        payload is buffered."""
+        return self.max_message_size + max(self.max_message_size, 4096)
+
 
 class Settings(BaseSettings):
     """Server settings. Every field is also ``BROADCASTER_<FIELD>`` in the environment."""
@@ -77,8 +86,17 @@ class Settings(BaseSettings):
     pong_timeout: Annotated[int, Field(ge=1, le=600)] = 30
     # Slow-consumer limit: unsent bytes per connection before it is closed with 4100.
     max_buffer_bytes: Annotated[int, Field(ge=4096, le=1 << 30)] = 1 << 20
-    # Largest HTTP API request body (413 above it).
+    # Largest HTTP request body, for every endpoint that reads one (413 above it).
     max_request_bytes: Annotated[int, Field(ge=1024, le=64 << 20)] = 256 << 10
+    # Seconds a client has to send a whole request body once its head is in (408).
+    body_timeout: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    # Seconds a client has to send a whole request head (a WebSocket upgrade request
+    # too), from connecting or from the end of the previous response; then it is closed.
+    header_timeout: Annotated[float, Field(gt=0, le=300)] = 10.0
+    # Open TCP connections per client address (WebSocket, SSE and plain HTTP count
+    # together); above it a new connection is answered 429 and closed. 0: no limit.
+    # Behind a reverse proxy every client has the proxy's address: raise it or use 0.
+    max_connections_per_ip: Annotated[int, Field(ge=0)] = 1000
     # Channel history kept for resume: publications per channel and seconds kept.
     history_size: Annotated[int, Field(ge=1, le=100_000)] = 1000
     history_ttl: Annotated[int, Field(ge=1, le=7 * 86400)] = 600

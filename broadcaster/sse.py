@@ -23,6 +23,13 @@ own task turns it into SSE text, so the WebSocket fan-out is not slowed. The sam
 slow-consumer policy applies: a stream whose unsent bytes would exceed
 ``max_buffer_bytes`` is ended, and the client resumes from its last id.
 
+Each stream holds one TCP connection, so streams count against the same per-address
+limit as WebSocket connections (``max_connections_per_ip``, one count for both, see
+:mod:`broadcaster._guard`): over it a new stream is answered ``429`` with
+``Retry-After`` and a JSON message naming the limit, before this module sees it.
+(``EventSource`` does not retry after a 429; a client that wants to should reconnect
+after ``Retry-After`` itself.)
+
 Authorization (no socket, so no Pusher socket signature):
 
 - ``private-*`` channels need ``?auth=<app_key>:<hex HMAC-SHA256 of the channel name

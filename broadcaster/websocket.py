@@ -12,7 +12,10 @@ natively by :class:`NativeSessions` instead: the protocol calls the session for 
 message, commands that need no I/O (ping, pong, sign-in, errors) are answered in that
 call, and the others run in a short task per connection that exists only while it has
 work (reading from the client pauses meanwhile, so commands keep their order). An idle
-connection then holds no task, no coroutine frames and no ASGI receive queue.
+connection then holds no task, no coroutine frames and no ASGI receive queue. Once
+admitted, a native connection reads messages up to its app's ``max_frame_size`` only
+(the server-wide limit is the largest app's): larger ones are refused from the frame
+header with close 1009.
 """
 
 from __future__ import annotations
@@ -109,6 +112,7 @@ class NativeSessions:
             socket.write(text_frame(protocol.error(exc.code, exc.message)))
             socket.close_now(int(exc.code), exc.message, node.delivery.abort_after)
             return None
+        socket.limit_message_size(app.max_frame_size)
         return _NativeSession(node, node.open(app, raw=socket), socket)
 
 

@@ -25,6 +25,7 @@ from broadcaster._uvicorn import protocol_class
 from broadcaster.app import create_app
 from broadcaster.backends.base import Backend
 from broadcaster.node import Node
+from broadcaster.server import http_protocol, ws_max_size
 from broadcaster.settings import load_settings
 
 KEY = "agent-key"
@@ -87,8 +88,10 @@ async def start_server() -> AsyncIterator[StartServer]:
         node = Node(settings, backend=backend_object)
         config = uvicorn.Config(
             create_app(settings, node),
+            http=http_protocol(settings),
             ws=ws or protocol_class(shutdown_abort_after=1.0),
             ws_per_message_deflate=False,
+            ws_max_size=ws_max_size(settings),
             lifespan="on",
             log_level="warning",
             timeout_graceful_shutdown=3,

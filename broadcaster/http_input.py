@@ -1,0 +1,122 @@
+"""Bounded HTTP input: request bodies read under a size and time limit, and error
+answers that quote client input only as a short excerpt.
+
+Every endpoint that reads a body (the HTTP API, the demo's ``POST /run`` and
+``/broadcasting/auth``, AG-UI) reads it through :func:`read_body`: a declared
+``Content-Length`` over the limit is refused before reading, a body that grows over it
+is refused as soon as it does (nothing past the limit is kept), and a body that does not
+arrive within the time limit is refused too. Error messages and 422 details never carry
+more than :data:`EXCERPT` characters of what the client sent
+(:func:`excerpt`, :func:`validation_details`), so an answer stays small whatever the
+request was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.requests import Request
+
+from broadcaster._text import EXCERPT_LENGTH, excerpt
+
+__all__ = [
+    "EXCERPT",
+    "MAX_DETAILS",
+    "BodyRefused",
+    "describe_validation",
+    "excerpt",
+    "read_body",
+    "validation_details",
+]
+
+EXCERPT = EXCERPT_LENGTH
+
+MAX_DETAILS = 10
+"""Validation errors listed in a 422 answer (a count says how many more there were)."""
+
+
+class BodyRefused(Exception):
+    """The request body was not read: ``status`` is 413 (too large) or 408 (too slow),
+    the message says which limit and its setting."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+async def read_body(request: Request, limit: int, within: float) -> bytes:
+    """The body of ``request``, at most ``limit`` bytes, arrived within ``within`` seconds.
+
+    Args:
+        request: the request whose body to read (streamed, not buffered whole first).
+        limit: the largest body accepted, in bytes (``max_request_bytes``).
+        within: seconds the whole body may take to arrive (``body_timeout``).
+
+    Raises:
+        BodyRefused: 413 for a ``Content-Length`` or a body over ``limit`` (the rest is
+            not read), 408 when the body does not arrive in time.
+    """
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit():
+        # No int() of thousands of digits: 19 digits or more is over any limit.
+        size = int(declared) if len(declared) <= 18 else 10**18
+        if size > limit:
+            raise _too_large(size, limit)
+    try:
+        async with asyncio.timeout(within):
+            return await _read(request, limit)
+    except TimeoutError:
+        raise BodyRefused(
+            408, f"the request body did not arrive within {within:g} s (body_timeout)"
+        ) from None
+
+
+async def _read(request: Request, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(size: int, limit: int) -> BodyRefused:
+    return BodyRefused(
+        413,
+        f"request body is {size} bytes or more; the limit is {limit} bytes (max_request_bytes)",
+    )
+
+
+def validation_details(exc: ValidationError, most: int = MAX_DETAILS) -> list[dict[str, Any]]:
+    """pydantic's errors for a 422 answer, without the input they were about: at most
+    ``most`` of them, each with ``type``, ``loc`` (names cut to excerpts) and ``msg``."""
+    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    details: list[dict[str, Any]] = [
+        {"type": error["type"], "loc": _loc(error["loc"]), "msg": error["msg"][:200]}
+        for error in errors[:most]
+    ]
+    if len(errors) > most:
+        details.append({"type": "more_errors", "loc": [], "msg": f"{len(errors) - most} more"})
+    return details
+
+
+def describe_validation(exc: ValidationError, what: str) -> str:
+    """One line for the first of ``exc``'s errors: ``"invalid <what>: <where>: <msg>"``."""
+    first = validation_details(exc, most=1)[0]
+    where = ".".join(str(part) for part in first["loc"]) or "body"
+    return f"invalid {what}: {where}: {first['msg']}"
+
+
+def _loc(loc: Sequence[int | str]) -> list[int | str]:
+    # A location can be a key the client chose (an unknown field): cut it too.
+    return [part if isinstance(part, int) else _cut(part) for part in loc[:8]]
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= EXCERPT else text[:EXCERPT] + "..."
