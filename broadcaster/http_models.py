@@ -18,9 +18,10 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
 
+from broadcaster._text import excerpt
 from broadcaster.channels import validate_channel_name
 from broadcaster.exceptions import ApiError, ProtocolError
-from broadcaster.http_input import excerpt, validation_details
+from broadcaster.http_input import validation_details
 from broadcaster.protocol import is_valid_socket_id
 from broadcaster.settings import AppConfig
 
@@ -178,7 +179,9 @@ def _check_data(data: str, app: AppConfig, where: str) -> None:
 
 def _check_socket_id(socket_id: str | None, where: str) -> None:
     if socket_id is not None and not is_valid_socket_id(socket_id):
-        raise ApiError(400, f"{where}socket_id {socket_id!r} is not a socket id like '123.456'")
+        raise ApiError(
+            400, f"{where}socket_id {excerpt(socket_id)} is not a socket id like '123.456'"
+        )
 
 
 def _channels(body: _EventBody, app: AppConfig, where: str) -> tuple[str, ...]:

@@ -340,13 +340,17 @@ def _parse_client_event(message: dict[str, Any], event: str) -> ClientEvent:
             f"event name is {len(event)} characters long; the limit is {MAX_EVENT_NAME_LENGTH}"
         )
     if "channel" not in message:
-        raise ProtocolError(ErrorCode.INVALID_CHANNEL, f"client event {event!r} needs a 'channel'")
+        raise ProtocolError(
+            ErrorCode.INVALID_CHANNEL, f"client event {excerpt(event)} needs a 'channel'"
+        )
     channel = validate_channel_name(message["channel"])
     data = message.get("data")
     try:
         text = data if isinstance(data, str) else orjson.dumps(data).decode()
     except TypeError:  # orjson writes at most 254 levels (it reads 1024)
-        raise _invalid(f"data of {event!r} is nested too deeply (more than 254 levels)") from None
+        raise _invalid(
+            f"data of {excerpt(event)} is nested too deeply (more than 254 levels)"
+        ) from None
     return ClientEvent(event, channel, text)
 
 
@@ -398,10 +402,10 @@ def _with_channel(
 
 def _unknown_event(event: str) -> ProtocolError:
     if event.startswith(("pusher:", "pusher_internal:")):
-        message = f"unknown event {event!r}: clients may send {_CLIENT_COMMANDS}"
+        message = f"unknown event {excerpt(event)}: clients may send {_CLIENT_COMMANDS}"
     else:
         message = (
-            f"event {event!r} is not a client event: events sent by clients must be "
+            f"event {excerpt(event)} is not a client event: events sent by clients must be "
             f"named 'client-*' (clients may send {_CLIENT_COMMANDS})"
         )
     return ProtocolError(ErrorCode.UNKNOWN_EVENT, message)
@@ -587,7 +591,9 @@ def check_client_event(app: AppConfig, command: ClientEvent, *, subscribed: bool
         reason = f"subscribe to {channel!r} before sending client events on it"
     else:
         return
-    raise ProtocolError(ErrorCode.CLIENT_EVENT_REJECTED, f"{command.event!r} rejected: {reason}")
+    raise ProtocolError(
+        ErrorCode.CLIENT_EVENT_REJECTED, f"{excerpt(command.event)} rejected: {reason}"
+    )
 
 
 def presence_member_limit(channel: str, limit: int) -> ProtocolError:

@@ -152,3 +152,11 @@ def test_info_attributes() -> None:
     assert parse_info("user_count, subscription_count") == {"user_count", "subscription_count"}
     with pytest.raises(ApiError, match="unknown info attribute"):
         parse_info("user_count,bogus")
+
+
+def test_a_bad_socket_id_is_quoted_only_as_an_excerpt() -> None:
+    body = {"name": "e", "channel": "c", "data": "{}", "socket_id": "9" * 5000}
+    with pytest.raises(ApiError) as caught:
+        parse_trigger(orjson.dumps(body), APP)
+    assert caught.value.status == 400
+    assert "(5000 characters)" in caught.value.message

@@ -223,6 +223,14 @@ def test_oversize_messages_are_refused_before_parsing() -> None:
     assert not err.close
 
 
+@pytest.mark.parametrize("event", ["pusher:" + "x" * 5000, "y" * 5000])
+def test_an_unknown_event_name_is_quoted_only_as_an_excerpt(event: str) -> None:
+    err = refused(orjson.dumps({"event": event, "data": {}}).decode(), max_size=20_000)
+    assert err.code is ErrorCode.UNKNOWN_EVENT
+    assert "characters)" in err.message
+    assert len(err.message) < 400
+
+
 def test_message_size_counts_utf8_bytes_not_characters() -> None:
     text = '{"event":"pusher:ping","data":"' + "é" * 60 + '"}'  # 92 chars, 152 bytes
     assert refused(text, max_size=128).code is ErrorCode.MESSAGE_TOO_LARGE
