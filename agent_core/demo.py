@@ -196,6 +196,7 @@ def _config(demo: _Demo) -> Any:
                 "app_key": demo.app.key,
                 "private_sessions": demo.settings.private_sessions,
                 "auth_endpoint": AUTH_PATH,
+                "run_default_mode": demo.settings.run_default_mode,
             }
         )
 

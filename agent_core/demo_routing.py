@@ -90,6 +90,7 @@ class WeatherAgentCapability:
                 "agent_steps": len(steps),
                 "tools": [c.name for step in steps for c in step.tool_calls],
             },
+            usage=state.usage,
         )
 
 
@@ -111,8 +112,7 @@ class _ModelCapability:
         text = self.prompt(_text(arguments))
         request = ModelRequest(messages=(Message.system(self.instructions), Message.user(text)))
         response = await complete(self.driver_factory(text), request)
-        usage = response.usage.model_dump(mode="json")
-        return CapabilityResult(capability=self.name, output=response.content, metadata=usage)
+        return CapabilityResult(capability=self.name, output=response.content, usage=response.usage)
 
 
 class ChatCapability(_ModelCapability):

@@ -456,7 +456,7 @@ class CapabilityRouter(StepByStep[RoutingState, RoutingStep]):
             result=result,
             decision=decision,
             decider_error=decider_error,
-            usage=chosen + (Usage() if decision is None else decision.usage),
+            usage=chosen + result.usage + (Usage() if decision is None else decision.usage),
             messages=(message,),
         )
 

@@ -272,6 +272,7 @@ async function startRun(event) {
   const input = form.elements.input.value.trim();
   const pace = Number(form.elements.pace.value);
   const trace = form.elements.trace.checked;
+  const mode = form.elements.mode.value;
   if (!input) {
     view.formError("Type a question for the agent first.");
     return;
@@ -282,7 +283,7 @@ async function startRun(event) {
     const response = await fetch("/run", {
       method: "POST",
       headers: { "Content-Type": "application/json", Accept: "application/json" },
-      body: JSON.stringify({ input, trace, pace_ms: pace }),
+      body: JSON.stringify({ input, trace, pace_ms: pace, mode }),
     });
     const body = await response.json().catch(() => ({}));
     if (!response.ok) {
@@ -326,6 +327,7 @@ async function main() {
     view.formError("pusher-js did not load (/demo/vendor/pusher.min.js).");
     return;
   }
+  if (app.config.run_default_mode) document.getElementById("mode-select").value = app.config.run_default_mode;
   document.getElementById("run-form").addEventListener("submit", startRun);
   document.getElementById("attach-form").addEventListener("submit", attach);
   document.body.dataset.ready = "true";

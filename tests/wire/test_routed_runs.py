@@ -103,6 +103,8 @@ async def test_a_routed_run_shows_each_phase_in_order(
     assert snapshot["routing"]["intent"]["capability"] == "weather_agent"
     assert snapshot["routing"]["intent"]["confidence"] == 0.9
     assert snapshot["messages"][-1]["content"] == final["last_response"]
+    assert snapshot["usage"] == final["usage"]
+    assert final["usage"]["total"] > 0  # the capability's own model calls count
 
     # The session remembers the turn: a follow-up is resolved against it.
     await start_run(server.url, mode="route", session_id=run["session_id"], input="And in Lima?")
