@@ -5,6 +5,7 @@ pair, the final status naming the stored state)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,6 +22,15 @@ from agent_core.runs import RunManager, RunRequest
 from agent_core.session import SessionMemory
 from broadcaster.envelope import Envelope
 from broadcaster.publishers import RecordingPublisher
+from tests.agent_core.test_openai_driver import (  # noqa: F401
+    API_KEY,
+    FakeChatAPI,
+    Reply,
+    api,
+    sse,
+    text,
+    usage,
+)
 from tests.conftest import ServerFactory
 from tests.orchestrators.support import valid
 from tests.server.conftest import Client
@@ -264,3 +274,42 @@ async def test_modes_can_alternate_on_one_session(first_mode: str) -> None:
         if m["role"] == "user"
     ]
     assert users[-1] == "what about in Lima?"
+
+
+async def test_with_the_openai_driver_the_model_classifies_and_answers(
+    api: FakeChatAPI,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """AGENT_DEMO_DRIVER=openai: the classifier and the capability call the
+    OpenAI-compatible API (here a fake one that answers every request alike)."""
+    answer = {
+        "capability": "chat",
+        "arguments": {"text": "hi"},
+        "confidence": 0.8,
+        "reason": "a greeting",
+    }
+    script = api.script(Reply(sse(text(json.dumps(answer)), usage(5, 7))))
+    monkeypatch.setenv("AGENT_OPENAI_BASE_URL", script.base_url)
+    monkeypatch.setenv("AGENT_OPENAI_API_KEY", API_KEY)
+    monkeypatch.setenv("AGENT_OPENAI_MODEL", "fake-model")
+    store, publisher = MemoryStore(), RecordingPublisher()
+    parts = demo_parts("openai")
+    runs = RunManager(
+        publisher=publisher,
+        state_store=store,
+        driver_factory=parts.driver_factory,
+        tools=parts.tools,
+        router_factory=parts.router_factory,
+    )
+    envelopes = await run_to_end(runs, RunRequest(input="hi", mode="route"))
+    classified = next(
+        e.payload
+        for e in envelopes
+        if e.type == "agent.tool.completed" and e.payload.tool_name == "intent_classifier"  # type: ignore[union-attr]
+    )
+    assert classified.result_summary == "chat · confidence 0.80 · a greeting"  # type: ignore[union-attr]
+    final = envelopes[-1].payload
+    assert final.status == "completed"  # type: ignore[union-attr]
+    assert final.usage.total == 24  # type: ignore[union-attr]  # classifier + chat answer
+    assert len(script.requests) == 2
+    assert "Capabilities:" in script.requests[0].body["messages"][0]["content"]
