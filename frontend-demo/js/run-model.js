@@ -238,6 +238,7 @@ export function fillFromSnapshot(run, snapshot) {
     if (existing && existing.completed) continue;
     const step = stepOf(run, summary.step_number);
     step.fromSnapshot = true;
+    step.actor ??= summary.actor ?? null; // a routed run's capability (process snapshot)
     step.completed = {
       step_number: summary.step_number,
       has_tool_calls: summary.has_tool_calls,
