@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_core.errors import ValidationError
+from agent_core.messages import Usage
 from agent_core.tools import Tool
 
 __all__ = ["Capability", "CapabilityRegistry", "CapabilityResult", "FunctionCapability"]
@@ -22,7 +23,8 @@ __all__ = ["Capability", "CapabilityRegistry", "CapabilityResult", "FunctionCapa
 
 class CapabilityResult(BaseModel):
     """What a capability produced. ``success`` false is a result, not an error: the
-    continuation decider sees it and decides."""
+    continuation decider sees it and decides. ``usage``: the tokens producing it cost
+    (counted in the router's step)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -30,6 +32,7 @@ class CapabilityResult(BaseModel):
     output: str
     success: bool = True
     metadata: dict[str, Any] = Field(default_factory=dict)
+    usage: Usage = Field(default_factory=Usage)
 
 
 @runtime_checkable

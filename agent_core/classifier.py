@@ -32,13 +32,15 @@ __all__ = [
 
 
 class Intent(BaseModel):
-    """A classification: the capability, its arguments, and why."""
+    """A classification: the capability, its arguments, why, and how sure the
+    classifier is (``confidence`` 0..1; None when it does not say)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     capability: str = Field(min_length=1)
     arguments: dict[str, Any] = Field(default_factory=dict)
     reason: str = ""
+    confidence: float | None = Field(default=None, ge=0, le=1)
     usage: Usage = Usage()
 
 
@@ -57,13 +59,21 @@ class IntentClassifier(Protocol):
 @dataclass(frozen=True)
 class Rule:
     """``pattern`` (a regular expression, searched case-insensitively) selects
-    ``capability``; its named groups and ``arguments`` are the arguments."""
+    ``capability``; its named groups and ``arguments`` are the arguments;
+    ``confidence`` (0..1) and ``reason`` (default: the pattern) are reported with a
+    match."""
 
     capability: str
     pattern: str
     arguments: Mapping[str, Any] = field(default_factory=dict)
+    confidence: float = 1.0
+    reason: str = ""
 
     def __post_init__(self) -> None:
+        if not 0 <= self.confidence <= 1:
+            raise ValueError(
+                f"rule for {self.capability!r}: confidence must be 0..1, got {self.confidence!r}"
+            )
         try:
             re.compile(self.pattern)
         except re.error as exc:
@@ -87,23 +97,35 @@ class RuleBasedClassifier:
         rules: ordered rules.
         default: the capability for a request no rule matches.
         default_argument: the argument name the message is passed as to ``default``.
+        default_confidence: the confidence reported when the default is taken.
     """
 
     name = "rules"
 
     def __init__(
-        self, rules: Iterable[Rule], *, default: str | None = None, default_argument: str = "text"
+        self,
+        rules: Iterable[Rule],
+        *,
+        default: str | None = None,
+        default_argument: str = "text",
+        default_confidence: float = 0.5,
     ) -> None:
         self.rules = tuple(rules)
         self.default = default
         self.default_argument = default_argument
+        self.default_confidence = default_confidence
 
     async def classify(self, message: str, context: SessionContext | None) -> Intent:
         for rule in self.rules:
             arguments = rule.match(message)
             if arguments is not None:
-                reason = f"matched rule {rule.pattern!r}"
-                return Intent(capability=rule.capability, arguments=arguments, reason=reason)
+                reason = rule.reason or f"matched rule {rule.pattern!r}"
+                return Intent(
+                    capability=rule.capability,
+                    arguments=arguments,
+                    reason=reason,
+                    confidence=rule.confidence,
+                )
         if self.default is None:
             raise ValidationError(
                 f"no rule matches {message!r} and the classifier has no default capability; "
@@ -113,6 +135,7 @@ class RuleBasedClassifier:
             capability=self.default,
             arguments={self.default_argument: message},
             reason="no rule matched; default capability",
+            confidence=self.default_confidence,
         )
 
 
@@ -122,6 +145,7 @@ class _Answer(BaseModel):
     capability: str = Field(min_length=1)
     arguments: dict[str, Any] = Field(default_factory=dict)
     reason: str = ""
+    confidence: float | None = Field(default=None, ge=0, le=1)
 
 
 class ModelIntentClassifier:
@@ -146,7 +170,8 @@ class ModelIntentClassifier:
         self.registry = registry
         self.instructions = instructions or (
             "Choose the capability that serves the user's request. Answer with one JSON "
-            'object: {"capability": "<name>", "arguments": {...}, "reason": "<why>"}.'
+            'object: {"capability": "<name>", "arguments": {...}, "reason": "<why>", '
+            '"confidence": <0..1>}.'
         )
 
     async def classify(self, message: str, context: SessionContext | None) -> Intent:
@@ -164,5 +189,6 @@ class ModelIntentClassifier:
             capability=answer.capability,
             arguments=answer.arguments,
             reason=answer.reason or "chosen by the model",
+            confidence=answer.confidence,
             usage=response.usage,
         )

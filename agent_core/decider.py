@@ -158,6 +158,9 @@ class _DecidedStep(Protocol):
     @property
     def decision(self) -> ContinuationResult | None: ...
 
+    @property
+    def decider_error(self) -> str | None: ...
+
 
 class _HasDecidedStep(Protocol):
     def current_step(self) -> _DecidedStep | None: ...
@@ -165,8 +168,9 @@ class _HasDecidedStep(Protocol):
 
 class DeciderCriterion:
     """The decider's result as a continuation evaluation: ``request`` while not done
-    (context: next capability and arguments), ``stop`` when done, ``allow`` when there
-    is no decision (before the first step, or after a failed one)."""
+    (context: next capability and arguments), ``stop`` when done, ``stop`` when the
+    decider failed (the capability's output stands; context: the error), ``allow``
+    when there is no decision (before the first step, or after a failed one)."""
 
     def __init__(self, name: str = "ContinuationDecider") -> None:
         self.name = name
@@ -174,6 +178,10 @@ class DeciderCriterion:
     def evaluate(self, state: _HasDecidedStep) -> ContinuationEvaluation:
         step = state.current_step()
         decision = None if step is None else step.decision
+        if step is not None and decision is None and step.decider_error is not None:
+            why = f"{self.name} failed ({step.decider_error}); the capability's output stands"
+            context = {"error": step.decider_error}
+            return ContinuationEvaluation(self.name, ContinuationDecision.STOP, why, context)
         if decision is None:
             return ContinuationEvaluation(
                 self.name, ContinuationDecision.ALLOW, f"{self.name} allowed: no decision yet"

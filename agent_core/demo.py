@@ -7,7 +7,7 @@ wires ``agent_core`` into ``broadcaster``; ``broadcaster`` never imports it.
 Routes:
     ``GET /``                      the dashboard (``frontend-demo/``)
     ``GET /api/demo/config``       what the page needs: app key, private sessions, auth URL
-    ``POST /run``                  ``{input, session_id?, trace?, pace_ms?}`` -> 202
+    ``POST /run``                  ``{input, session_id?, trace?, pace_ms?, mode?}`` -> 202
                                    ``{session_id, execution_id, channel, state_url,
                                    position, auth?}``; subscribe with ``position`` to
                                    receive the whole run however late you subscribe
@@ -38,7 +38,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from agent_core import agui
-from agent_core.runs import DriverFactory, RunManager, RunRequest, RunStarter, SessionBusy
+from agent_core.demo_routing import demo_parts
+from agent_core.runs import RunManager, RunRequest, RunStarter, SessionBusy
 from agent_core.worker import RunQueue
 from broadcaster._text import excerpt
 from broadcaster.backends import BackendUnavailable
@@ -81,14 +82,11 @@ class DemoSettings(BaseSettings):
         description="local: runs execute in this process; queue: they are queued in "
         "Redis for agent-worker processes (needs the redis:// backend)",
     )
-
-
-def _driver_factory(settings: DemoSettings) -> DriverFactory | None:
-    if settings.driver == "scripted":
-        return None
-    from agent_core.drivers.openai import OpenAIChatDriver
-
-    return lambda _input: OpenAIChatDriver()
+    run_default_mode: Literal["agent", "route"] = Field(
+        default="agent",
+        description="the mode of a POST /run that names none: agent (the tool-using "
+        "agent) or route (the capability router, seed 002)",
+    )
 
 
 @dataclass
@@ -132,6 +130,7 @@ class _Demo:
             self._position,
             prefix=settings.redis_prefix,
             channel_for_session=self.channel_for_session,
+            default_mode=self.settings.run_default_mode,
         )
 
     def _local(self) -> RunManager:
@@ -140,17 +139,18 @@ class _Demo:
         async def load(channel: str) -> bytes | None:
             return await backend.load_value(app_id, state_key(channel))
 
-        manager = RunManager(
+        parts = demo_parts(self.settings.driver)
+        return RunManager(
             publisher=InProcessPublisher(self.node, app_id),
             state_store=BackendStateStore(backend, app_id, self.settings.state_ttl),
+            driver_factory=parts.driver_factory,
+            tools=parts.tools,
+            router_factory=parts.router_factory,
+            default_mode=self.settings.run_default_mode,
             load_snapshot=load,
             position_of=self._position,
             channel_for_session=self.channel_for_session,
         )
-        factory = _driver_factory(self.settings)
-        if factory is not None:
-            manager.driver_factory = factory
-        return manager
 
 
 def install(ctx: ExtensionContext) -> None:
@@ -199,6 +199,7 @@ def _config(demo: _Demo) -> Any:
                 "app_key": demo.app.key,
                 "private_sessions": demo.settings.private_sessions,
                 "auth_endpoint": AUTH_PATH,
+                "run_default_mode": demo.settings.run_default_mode,
             }
         )
 

@@ -13,7 +13,16 @@ ToolCallStarted / ToolCallCompleted    ``agent.tool.started`` / ``agent.tool.com
                                        execution, with its own call id)
 ReferencesResolved, IntentClassified   a ``agent.tool.started`` + ``agent.tool.completed``
                                        pair named ``reference_resolver`` /
-                                       ``intent_classifier`` (routing stages)
+                                       ``intent_classifier`` (routing stages, with the
+                                       step number of the step they prepare; the
+                                       classifier's result reads ``<capability> ·
+                                       confidence <c> · <reason>``)
+ContinuationDecided                    a pair named ``continuation_decider`` inside the
+                                       step (arguments: capability, success,
+                                       duration_ms, session_id; result: ``done``
+                                       [``· final output: …``] or ``continue →
+                                       <capability>(<args>)``; ``success`` false
+                                       with the decider's error)
 StreamChunk                            ``agent.stream.chunk`` (coalesced)
 ProcessContinuationEvaluated           ``agent.continuation`` (trace option; routing:
                                        the decider's ContinuationResult is one of the
@@ -25,6 +34,10 @@ ProcessCompleted                       ``agent.status`` (``completed`` / ``faile
 ActorSelected, ProcessStateUpdated,    none (the actor travels in the step envelope)
 SessionMemoryAppended
 =====================================  ==================================================
+
+With ``defer_final=True`` the final ``agent.status`` waits for
+:meth:`OrchestrationEventAdapter.publish_final`, so that a run manager can store the
+final state first and name its URL (``state_url``), as the agent adapter does.
 
 Options are the agent adapter's :class:`~agent_core.broadcasting.AdapterOptions`; the
 publishing machinery (order, coalesced text, ids) is the agent adapter's too
@@ -38,10 +51,17 @@ from typing import Any
 
 from agent_core import events as ev
 from agent_core import orchestration_events as oe
-from agent_core.broadcasting import EnvelopeEmitter, summarize_args, usage_payload
+from agent_core.broadcasting import (
+    AdapterOptions,
+    EnvelopeEmitter,
+    summarize_args,
+    usage_payload,
+)
+from agent_core.decider import ContinuationResult
 from agent_core.state import AgentStatus
 from agent_core.stepbystep import StepByStep
 from broadcaster import envelope as env
+from broadcaster.publishers import Publisher
 
 __all__ = ["OrchestrationEventAdapter"]
 
@@ -55,7 +75,36 @@ class OrchestrationEventAdapter(EnvelopeEmitter):
         execution_id: used for every envelope; when None, each event's own.
         options: what to publish (see :class:`~agent_core.broadcasting.AdapterOptions`).
         channel: publish here instead of ``agent.<session_id>``.
+        defer_final: hold the final ``agent.status`` until :meth:`publish_final`.
     """
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        session_id: str,
+        execution_id: str | None = None,
+        *,
+        options: AdapterOptions | None = None,
+        channel: str | None = None,
+        defer_final: bool = False,
+    ) -> None:
+        super().__init__(publisher, session_id, execution_id, options=options, channel=channel)
+        self.defer_final = defer_final
+        self._final: tuple[oe.ProcessCompleted, env.StatusPayload] | None = None
+
+    async def publish_final(self, state_url: str | None = None) -> bool:
+        """Publish the held final ``agent.status`` (with ``state_url``); False if the
+        execution has not ended (nothing held)."""
+        async with self._lock:
+            if self._final is None:
+                return False
+            event, payload = self._final
+            self._final = None
+            self.finished = True
+            await self._emit(
+                env.AgentStatus, event, payload.model_copy(update={"state_url": state_url})
+            )
+            return True
 
     def install(self, orchestrator: StepByStep[Any, Any]) -> None:
         """Listen to ``orchestrator``'s events."""
@@ -74,9 +123,10 @@ class OrchestrationEventAdapter(EnvelopeEmitter):
             args = {"input": event.original}
             await self._stage(event, event.call_id, "reference_resolver", args, event.resolved)
         elif isinstance(event, oe.IntentClassified):
-            result = f"{event.capability}({summarize_args(event.arguments)})"
             args = {"message": event.message}
-            await self._stage(event, event.call_id, "intent_classifier", args, result)
+            await self._stage(event, event.call_id, "intent_classifier", args, _intent(event))
+        elif isinstance(event, oe.ContinuationDecided):
+            await self._decided(event)
         elif isinstance(event, oe.ProcessContinuationEvaluated):
             await self._continuation(event, event.step_number, event.outcome)
         elif isinstance(event, oe.ProcessStepCompleted):
@@ -113,6 +163,25 @@ class OrchestrationEventAdapter(EnvelopeEmitter):
             result=result,
         )
 
+    async def _decided(self, event: oe.ContinuationDecided) -> None:
+        """The decider's verdict as a tool-like call inside the step."""
+        args = {
+            "capability": event.capability,
+            "success": event.success,
+            "duration_ms": round(event.duration_ms, 3),
+            "session_id": self.session_id,
+        }
+        await self._tool_started(event, event.call_id, "continuation_decider", args)
+        await self._tool_completed(
+            event,
+            event.call_id,
+            "continuation_decider",
+            success=event.error is None,
+            error=event.error,
+            duration_ms=event.duration_ms,
+            result=None if event.decision is None else _verdict(event.decision),
+        )
+
     async def _step_completed(self, event: oe.ProcessStepCompleted) -> None:
         payload = env.StepCompletedPayload(
             step_number=event.step_number,
@@ -137,5 +206,25 @@ class OrchestrationEventAdapter(EnvelopeEmitter):
             stop_reason=event.stop_reason.value,
             usage=usage_payload(event.usage),
         )
+        if self.defer_final:
+            self._final = (event, payload)
+            return
         self.finished = True
         await self._emit(env.AgentStatus, event, payload)
+
+
+def _verdict(decision: ContinuationResult) -> str:
+    """``done`` (``· final output: ...``) or ``continue → <capability>(<arguments>)``."""
+    if not decision.done:
+        return f"continue → {decision.next_capability}({summarize_args(decision.arguments)})"
+    return "done" if not decision.final_output else f"done · final output: {decision.final_output}"
+
+
+def _intent(event: oe.IntentClassified) -> str:
+    """``<capability> · confidence <c> · <reason>`` (the parts that are known)."""
+    parts = [event.capability]
+    if event.confidence is not None:
+        parts.append(f"confidence {event.confidence:.2f}")
+    if event.reason:
+        parts.append(event.reason)
+    return " · ".join(parts)

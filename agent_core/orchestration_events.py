@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from agent_core.continuation import ContinuationOutcome, StopReason
+from agent_core.decider import ContinuationResult
 from agent_core.errors import ErrorType
 from agent_core.events import AgentEvent, _plain
 from agent_core.messages import FinishReason, ToolCall, Usage
@@ -29,6 +30,7 @@ __all__ = [
     "ActorSelected",
     "CapabilitySelected",
     "CollaboratorSelected",
+    "ContinuationDecided",
     "IntentClassified",
     "ParticipantSelected",
     "ProcessCompleted",
@@ -108,11 +110,13 @@ class ReferencesResolved(ProcessEvent):
     original: str
     resolved: str
     duration_ms: float
+    step_number: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class IntentClassified(ProcessEvent):
-    """The intent classifier named a capability and its arguments."""
+    """The intent classifier named a capability and its arguments (``confidence``:
+    0..1, None when the classifier gives none)."""
 
     type: ClassVar[str] = "routing.intent.classified"
     call_id: str
@@ -122,6 +126,24 @@ class IntentClassified(ProcessEvent):
     arguments: Mapping[str, Any]
     reason: str
     duration_ms: float
+    confidence: float | None = None
+    step_number: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContinuationDecided(ProcessEvent):
+    """The continuation decider judged a capability's result: ``decision`` is its
+    answer, or None when it failed (``error``; the capability's output stands)."""
+
+    type: ClassVar[str] = "routing.continuation.decided"
+    call_id: str
+    decider: str
+    capability: str
+    success: bool
+    decision: ContinuationResult | None
+    error: str | None
+    duration_ms: float
+    step_number: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,8 +7,11 @@ session_id?}``):
 2. optionally resolve references in the input against it;
 3. classify the intent -> capability and arguments;
 4. execute the capability (a tool-like call with its own id) -> ``CapabilityResult``;
-5. ask the continuation decider -> ``ContinuationResult``; while it is not done, run
-   the capability it names (Phase 8), bounded by ``max_steps``;
+5. add the step's timing and the session id to the result's metadata and ask the
+   continuation decider -> ``ContinuationResult``; while it is not done, run the
+   capability it names (Phase 8), bounded by ``max_steps``. A decider that fails does
+   not lose the result: its error is recorded on the step and the request is done
+   with the capability's output;
 6. append the turn to session memory;
 7. return the final state (:meth:`RoutingState.result` is the final
    ``CapabilityResult``, with timing and session id in its metadata).
@@ -21,13 +24,14 @@ the session's channel through :mod:`agent_core.orchestration_broadcasting`.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent_core._ids import new_id
-from agent_core._time import Clock, elapsed_ms, utc_now
+from agent_core._time import Clock, elapsed_ms, to_iso, utc_now
 from agent_core.capabilities import Capability, CapabilityRegistry, CapabilityResult
 from agent_core.classifier import Intent, IntentClassifier, Rule, RuleBasedClassifier
 from agent_core.continuation import ContinuationCriteria
@@ -44,6 +48,7 @@ from agent_core.events import EventDispatcher
 from agent_core.messages import FinishReason, Message, Role, ToolCall, Usage
 from agent_core.orchestration_events import (
     CapabilitySelected,
+    ContinuationDecided,
     IntentClassified,
     ReferencesResolved,
     SessionMemoryAppended,
@@ -67,13 +72,16 @@ __all__ = [
     "default_classifier",
 ]
 
+logger = logging.getLogger(__name__)
+
 ROUTING_MAX_STEPS = 5
 """Capability executions one request may take (the Phase 8 loop bound)."""
 
 
 @dataclass(frozen=True, slots=True)
 class RoutingStep:
-    """One capability execution and the decider's answer to it."""
+    """One capability execution and the decider's answer to it (``decider_error``:
+    why the decider gave none)."""
 
     id: str
     capability: str
@@ -81,6 +89,7 @@ class RoutingStep:
     call_id: str | None = None
     result: CapabilityResult | None = None
     decision: ContinuationResult | None = None
+    decider_error: str | None = None
     errors: tuple[StepError, ...] = ()
     usage: Usage = field(default_factory=Usage)
     messages: tuple[Message, ...] = ()
@@ -111,6 +120,7 @@ class RoutingStep:
             "call_id": self.call_id,
             "result": None if self.result is None else self.result.model_dump(mode="json"),
             "decision": None if self.decision is None else self.decision.model_dump(mode="json"),
+            "decider_error": self.decider_error,
             "errors": [e.to_dict() for e in self.errors],
             "usage": self.usage.model_dump(mode="json"),
             "messages": [m.model_dump(mode="json") for m in self.messages],
@@ -126,6 +136,7 @@ class RoutingStep:
             call_id=data.get("call_id"),
             result=None if result is None else CapabilityResult.model_validate(result),
             decision=None if decision is None else ContinuationResult.model_validate(decision),
+            decider_error=data.get("decider_error"),
             errors=tuple(StepError.from_dict(e) for e in data.get("errors", ())),
             usage=Usage.model_validate(data.get("usage") or {}),
             messages=tuple(Message.model_validate(m) for m in data.get("messages", ())),
@@ -392,6 +403,7 @@ class CapabilityRouter(StepByStep[RoutingState, RoutingStep]):
                     original=state.input,
                     resolved=resolution.text,
                     duration_ms=elapsed_ms(started, self.clock()),
+                    step_number=context.step_number,
                 )
             )
         started = self.clock()
@@ -406,6 +418,8 @@ class CapabilityRouter(StepByStep[RoutingState, RoutingStep]):
                 arguments=intent.arguments,
                 reason=intent.reason,
                 duration_ms=elapsed_ms(started, self.clock()),
+                confidence=intent.confidence,
+                step_number=context.step_number,
             )
         )
         intent = intent.model_copy(update={"usage": intent.usage + usage})
@@ -419,8 +433,19 @@ class CapabilityRouter(StepByStep[RoutingState, RoutingStep]):
         capability = self.registry.get(name)
         call = ToolCall(id=f"cap_{new_id()}", name=name, arguments=arguments)
         result = await self._execute(capability, call, context)
+        result = result.model_copy(
+            update={
+                "metadata": {
+                    **result.metadata,
+                    "session_id": state.session_id,
+                    "step_number": context.step_number,
+                    "started_at": to_iso(current.started_at),
+                    "duration_ms": round(elapsed_ms(current.started_at, self.clock()), 3),
+                }
+            }
+        )
         history = [r.step.result for r in state.execution_results() if r.step.result is not None]
-        decision = await self.decider.decide(state.request_text(), name, result, history)
+        decision, decider_error = await self._decide(state, name, result, history, context)
         chosen = Usage.model_validate(current.selection.get("usage") or {})
         message = Message(role=Role.ASSISTANT, content=result.output, metadata={"capability": name})
         return RoutingStep(
@@ -430,9 +455,43 @@ class CapabilityRouter(StepByStep[RoutingState, RoutingStep]):
             call_id=call.id,
             result=result,
             decision=decision,
-            usage=chosen + decision.usage,
+            decider_error=decider_error,
+            usage=chosen + result.usage + (Usage() if decision is None else decision.usage),
             messages=(message,),
         )
+
+    async def _decide(
+        self,
+        state: RoutingState,
+        name: str,
+        result: CapabilityResult,
+        history: list[CapabilityResult],
+        context: StepContext,
+    ) -> tuple[ContinuationResult | None, str | None]:
+        """Ask the decider; a decider that raises gives no decision and its error (the
+        capability's result must not be lost to it)."""
+        started = self.clock()
+        decision: ContinuationResult | None = None
+        error: str | None = None
+        try:
+            decision = await self.decider.decide(state.request_text(), name, result, history)
+        except Exception as exc:
+            error = AgentError.from_exception(exc).message
+            logger.warning("the %s continuation decider failed: %s", self.decider.name, error)
+        await context.emit(
+            ContinuationDecided(
+                **self._meta(state),
+                call_id=f"decide_{new_id()}",
+                decider=self.decider.name,
+                capability=name,
+                success=result.success,
+                decision=decision,
+                error=error,
+                duration_ms=elapsed_ms(started, self.clock()),
+                step_number=context.step_number,
+            )
+        )
+        return decision, error
 
     async def _execute(
         self, capability: Capability, call: ToolCall, context: StepContext

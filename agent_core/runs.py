@@ -1,13 +1,24 @@
 """Runs: start an agent for a session and let its events flow to ``agent.<session>``.
 
-:class:`RunManager` is what ``POST /run {input, session_id?}`` (seed 002's request
-shape) calls. It answers at once with the session, execution and channel, runs the
-agent in the background with an :class:`~agent_core.broadcasting.AgentEventAdapter`,
-stores the final slim snapshot (standard preset with the continuation trace, so it
-says why the run stopped, and a failed run's error message) for reconcile before the
-final ``agent.status``, and refuses a second run on a busy session. A new run on a
-session with a stored snapshot continues that conversation, and its step numbers
-continue after the earlier runs' steps.
+:class:`RunManager` is what ``POST /run {input, session_id?, mode?}`` (seed 002's
+request shape) calls. It answers at once with the session, execution and channel, runs
+the agent in the background with an :class:`~agent_core.broadcasting.AgentEventAdapter`,
+stores the final slim snapshot (standard preset with the continuation trace, so it says
+why the run stopped, and a failed run's error message) for reconcile before the final
+``agent.status``, and refuses a second run on a busy session. A new run on a session
+with a stored snapshot continues that conversation, and its step numbers continue after
+the earlier runs' steps.
+
+``mode`` ``"route"`` runs the capability router instead (seed 002: resolve references,
+classify, execute a capability, ask the continuation decider, remember the turn),
+published by an :class:`~agent_core.orchestration_broadcasting.OrchestrationEventAdapter`;
+its final snapshot is the slim process snapshot (with the last continuation) plus a
+``routing`` object (input, resolved input, intent, capabilities, decisions, decider
+errors, and the session's turns, which the next routed run of the session resolves
+against).
+
+The manager does not know the demo: its composition root passes the agent's driver
+factory and tools, and the router factory (:mod:`agent_core.demo_routing`).
 """
 
 from __future__ import annotations
@@ -16,34 +27,43 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Any, Literal, Protocol
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_core.broadcasting import AdapterOptions, AgentEventAdapter
 from agent_core.builder import DEFAULT_MAX_STEPS, AgentBuilder
-from agent_core.demo_tools import demo_driver, demo_tools
 from agent_core.drivers.base import ModelDriver, ModelRequest, StreamEvent
+from agent_core.messages import Role
+from agent_core.orchestration_broadcasting import OrchestrationEventAdapter
+from agent_core.process_serialization import SlimProcessStateSerializer
+from agent_core.routing import CapabilityRouter, RoutingState
+from agent_core.session import SessionContext, SessionMemory, SessionTurn
 from agent_core.slim import SlimAgentStateSerializer, SlimSerializationConfig
 from agent_core.state import AgentState
+from agent_core.tools import Tool
 from broadcaster.envelope import channel_for
 from broadcaster.publishers import Publisher, StateStore
 
 __all__ = [
+    "ROUTE_MEMORY_TURNS",
     "SESSION_ID_PATTERN",
     "DriverFactory",
     "PacedDriver",
+    "RouterFactory",
     "RunHandle",
     "RunManager",
+    "RunMode",
     "RunRequest",
     "RunStarter",
     "SessionBusy",
+    "ToolsFactory",
     "new_execution_id",
     "new_session_id",
-    "scripted_demo_driver",
+    "resolve_mode",
     "snapshot_config",
 ]
 
@@ -52,6 +72,11 @@ logger = logging.getLogger(__name__)
 SESSION_ID_PATTERN = r"^[A-Za-z0-9_\-=@,.;]{1,100}$"
 DriverFactory = Callable[[str], ModelDriver]
 """Makes the model driver for one run from its input text."""
+ToolsFactory = Callable[[], Sequence[Tool]]
+"""Makes the tools of one agent run."""
+RunMode = Literal["agent", "route"]
+ROUTE_MEMORY_TURNS = 20
+"""Turns of a session a routed run remembers (stored with its snapshot)."""
 SnapshotLoader = Callable[[str], Awaitable[bytes | None]]
 PositionReader = Callable[[str], Awaitable[str | None]]
 """The current position (``epoch:offset``) of a channel."""
@@ -80,6 +105,21 @@ class RunRequest(BaseModel):
         le=DEFAULT_MAX_STEPS,
         description=f"a lower step limit for this run (default {DEFAULT_MAX_STEPS})",
     )
+    mode: RunMode | None = Field(
+        default=None,
+        description="agent: the tool-using agent; route: the capability router (seed 002); "
+        "default: the server's setting",
+    )
+
+
+RouterFactory = Callable[[RunRequest, SessionMemory], CapabilityRouter]
+"""Makes the capability router of one routed run, with the session's memory."""
+
+
+def resolve_mode(request: RunRequest, default: RunMode) -> RunRequest:
+    """``request`` with its mode set (``default`` when it names none), so that a queued
+    run carries the mode the web process chose."""
+    return request if request.mode is not None else request.model_copy(update={"mode": default})
 
 
 @dataclass(frozen=True)
@@ -137,11 +177,6 @@ def new_execution_id() -> str:
     return f"x-{secrets.token_hex(8)}"
 
 
-def scripted_demo_driver(input_text: str) -> ModelDriver:
-    """The deterministic scripted demo agent (weather + calculator)."""
-    return demo_driver(input_text)
-
-
 def snapshot_config() -> SlimSerializationConfig:
     """What runs store for reconcile: seed 004's standard preset with the continuation
     trace on (``last_continuation`` says why the run stopped and who decided)."""
@@ -168,7 +203,11 @@ class RunManager:
     Args:
         publisher_for: the publisher a run's envelopes go through.
         state_store: where final snapshots go (read back by the reconcile endpoint).
-        driver_factory: the model driver of a run (default: the scripted demo).
+        driver_factory: the model driver of an agent run.
+        tools: the tools of an agent run.
+        router_factory: the capability router of a routed run (None: ``mode: route``
+            runs fail with a message saying so).
+        default_mode: the mode of a request that names none.
         state_url: the reconcile URL of a session, put into the final ``agent.status``.
         load_snapshot: reads the snapshot stored for a channel (to continue a
             conversation).
@@ -179,7 +218,10 @@ class RunManager:
 
     publisher: Publisher
     state_store: StateStore
-    driver_factory: DriverFactory = scripted_demo_driver
+    driver_factory: DriverFactory
+    tools: ToolsFactory = tuple
+    router_factory: RouterFactory | None = None
+    default_mode: RunMode = "agent"
     state_url: Callable[[str], str] = lambda s: f"/api/sessions/{s}/state"
     load_snapshot: SnapshotLoader | None = None
     channel_for_session: Callable[[str], str] = channel_for
@@ -238,7 +280,10 @@ class RunManager:
     async def execute(self, handle: RunHandle, request: RunRequest) -> AgentState | None:
         """Run ``request`` as ``handle`` to its end (what :meth:`start` does in the
         background; a worker calls it for runs queued by another process). Returns the
-        final state, or None if the run crashed (logged)."""
+        final state (of a routed run: see :meth:`route`), or None if the run crashed
+        (logged)."""
+        if resolve_mode(request, self.default_mode).mode == "route":
+            return await self.route(handle, request)
         options = AdapterOptions(include_continuation_trace=request.trace)
         adapter = AgentEventAdapter(
             self.publisher,
@@ -251,7 +296,7 @@ class RunManager:
         driver = self.driver_factory(request.input)
         if request.pace_ms:
             driver = PacedDriver(driver, request.pace_ms / 1000)
-        builder = AgentBuilder().with_driver(driver).with_tools(*demo_tools())
+        builder = AgentBuilder().with_driver(driver).with_tools(*self.tools())
         if request.max_steps is not None:
             builder = builder.with_max_steps(request.max_steps)
         agent = adapter.install(builder).build()
@@ -273,9 +318,130 @@ class RunManager:
         stored = await self.load_snapshot(channel)
         if stored is None:
             return text
-        return self._serializer.deserialize(orjson.loads(stored)).with_user_message(text)
+        data = orjson.loads(stored)
+        if "process" in data:  # a routed run's snapshot: continue its conversation
+            data = {**data, "agent_id": data["id"]}
+        return self._serializer.deserialize(data).with_user_message(text)
 
     async def _store(self, handle: RunHandle, state: AgentState) -> str:
         snapshot = self._serializer.serialize(state)
         await self.state_store.save(handle.channel, orjson.dumps(snapshot))
         return self.state_url(handle.session_id)
+
+    # -- routed runs (seed 002) -----------------------------------------------------------
+
+    async def route(self, handle: RunHandle, request: RunRequest) -> AgentState | None:
+        """Run ``request`` through the capability router as ``handle``: the final state
+        is stored before the final ``agent.status``, which names its URL. Returns None
+        (the routed state is not an agent state; it is stored, as a snapshot); a crash
+        is logged and ends with a failed status."""
+        options = AdapterOptions(include_continuation_trace=request.trace)
+        adapter = OrchestrationEventAdapter(
+            self.publisher,
+            handle.session_id,
+            handle.execution_id,
+            options=options,
+            channel=handle.channel,
+            defer_final=True,
+        )
+        try:
+            if self.router_factory is None:
+                raise RuntimeError("this server has no capability router; use mode 'agent'")
+            memory = _RunMemory(await self._session_context(handle))
+            router = self.router_factory(request, memory)
+            adapter.install(router)
+            state = await router.handle(
+                request.input, handle.session_id, execution_id=handle.execution_id
+            )
+            await adapter.publish_final(await self._store_routed(handle, state, memory.context))
+        except Exception as exc:
+            logger.exception("run %s of session %s crashed", handle.execution_id, handle.session_id)
+            if not await adapter.publish_final(None):
+                await adapter.fail(f"the run crashed: {type(exc).__name__}: {exc}")
+        finally:
+            await adapter.aclose()
+        return None
+
+    async def _session_context(self, handle: RunHandle) -> SessionContext:
+        """The session's turns from its stored snapshot (routed or agent run)."""
+        empty = SessionContext(handle.session_id)
+        stored = None if self.load_snapshot is None else await self.load_snapshot(handle.channel)
+        if stored is None:
+            return empty
+        try:
+            return _context_of(handle.session_id, orjson.loads(stored))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            logger.warning("session %s: unreadable stored turns (%s)", handle.session_id, exc)
+            return empty
+
+    async def _store_routed(
+        self, handle: RunHandle, state: RoutingState, context: SessionContext
+    ) -> str | None:
+        try:
+            snapshot = _routed_snapshot(state, context)
+            await self.state_store.save(handle.channel, orjson.dumps(snapshot))
+        except Exception:
+            logger.exception("could not store the final state of session %s", handle.session_id)
+            return None
+        return self.state_url(handle.session_id)
+
+
+_ROUTED = SlimProcessStateSerializer(
+    RoutingState, replace(SlimSerializationConfig.standard(), include_continuation_trace=True)
+)
+
+
+@dataclass
+class _RunMemory:
+    """A session's memory for one routed run: its stored turns, plus the new one."""
+
+    context: SessionContext
+
+    async def load(self, session_id: str) -> SessionContext:
+        return self.context
+
+    async def append(self, session_id: str, turn: SessionTurn) -> SessionContext:
+        self.context = self.context.with_turn(turn, ROUTE_MEMORY_TURNS)
+        return self.context
+
+
+def _clip(text: str, limit: int = 2000) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _routed_snapshot(state: RoutingState, context: SessionContext) -> dict[str, Any]:
+    """The slim process snapshot plus what the routing decided and remembers."""
+    snapshot = _ROUTED.serialize(state)
+    turns = [
+        {**t.to_dict(), "input": _clip(t.input), "output": _clip(t.output)} for t in context.turns
+    ]
+    steps = state.execution_results()
+    snapshot["routing"] = {
+        "input": state.input,
+        "resolved_input": state.resolved_input,
+        "intent": None if state.intent is None else state.intent.model_dump(mode="json"),
+        "capabilities": [r.step.capability for r in steps],
+        "decisions": [
+            None if r.step.decision is None else r.step.decision.model_dump(mode="json")
+            for r in steps
+        ],
+        "decider_errors": [r.step.decider_error for r in steps],
+        "context": {"session_id": context.session_id, "turns": turns},
+    }
+    return snapshot
+
+
+def _context_of(session_id: str, snapshot: dict[str, Any]) -> SessionContext:
+    """A routed snapshot's remembered turns, or an agent snapshot's conversation as
+    turns (each user message and the assistant's last answer to it)."""
+    routing = snapshot.get("routing")
+    if isinstance(routing, dict) and routing.get("context"):
+        return SessionContext.from_dict({**routing["context"], "session_id": session_id})
+    turns: list[SessionTurn] = []
+    for message in snapshot.get("messages") or ():
+        role, content = message.get("role"), str(message.get("content") or "")
+        if role == Role.USER.value:
+            turns.append(SessionTurn(input=content, output=""))
+        elif role == Role.ASSISTANT.value and turns and content:
+            turns[-1] = replace(turns[-1], output=content)
+    return SessionContext(session_id, tuple(turns[-ROUTE_MEMORY_TURNS:]))

@@ -32,15 +32,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from agent_core.demo_routing import DemoParts, demo_parts
 from agent_core.runs import (
-    DriverFactory,
     RunHandle,
     RunManager,
+    RunMode,
     RunRequest,
     SessionBusy,
     new_execution_id,
     new_session_id,
-    scripted_demo_driver,
+    resolve_mode,
 )
 from broadcaster.backends.redis import DEFAULT_PREFIX, safe_url, value_key
 from broadcaster.envelope import channel_for
@@ -92,6 +93,8 @@ class RunQueue:
         position_of: the current position of a channel (the web node's backend).
         prefix: the deployment's key prefix.
         channel_for_session: the channel of a session.
+        default_mode: the mode of a request that names none (the queued job carries
+            the resolved mode, so workers need no setting).
     """
 
     redis: Redis
@@ -99,6 +102,7 @@ class RunQueue:
     position_of: Callable[[str], Awaitable[str | None]]
     prefix: str = DEFAULT_PREFIX
     channel_for_session: Callable[[str], str] = channel_for
+    default_mode: RunMode = "agent"
 
     def state_url(self, session_id: str) -> str:
         return f"/api/sessions/{session_id}/state"
@@ -118,7 +122,8 @@ class RunQueue:
         try:
             channel = self.channel_for_session(session_id)
             handle = RunHandle(session_id, execution_id, channel, await self.position_of(channel))
-            await self.redis.rpush(queue_key(self.prefix, self.app_id), _job(handle, request))
+            job = _job(handle, resolve_mode(request, self.default_mode))
+            await self.redis.rpush(queue_key(self.prefix, self.app_id), job)
         except BaseException:
             await self.redis.delete(lock)
             raise
@@ -143,7 +148,7 @@ class Worker:
         app_id: the app the runs belong to.
         prefix: the deployment's key prefix.
         concurrency: runs executed at the same time by this process.
-        driver_factory: the model driver of a run.
+        parts: the agents' driver factory and tools, and the router factory.
         state_ttl: seconds final states are kept for reconcile.
     """
 
@@ -151,7 +156,7 @@ class Worker:
     app_id: str
     prefix: str = DEFAULT_PREFIX
     concurrency: int = 8
-    driver_factory: DriverFactory = scripted_demo_driver
+    parts: DemoParts = field(default_factory=demo_parts)
     state_ttl: float = 86_400.0
     completed: int = 0
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -164,7 +169,9 @@ class Worker:
             state_store=RedisStateStore(
                 self.redis, self.app_id, prefix=self.prefix, ttl=self.state_ttl
             ),
-            driver_factory=self.driver_factory,
+            driver_factory=self.parts.driver_factory,
+            tools=self.parts.tools,
+            router_factory=self.parts.router_factory,
             load_snapshot=self._load_snapshot,
         )
 
@@ -233,14 +240,6 @@ class WorkerSettings(BaseSettings):
     state_ttl: float = Field(default=86_400.0, gt=0)
 
 
-def _driver_factory(kind: str) -> DriverFactory:
-    if kind == "scripted":
-        return scripted_demo_driver
-    from agent_core.drivers.openai import OpenAIChatDriver
-
-    return lambda _input: OpenAIChatDriver()
-
-
 async def _serve(settings: WorkerSettings) -> None:
     redis = Redis.from_url(settings.redis_url, socket_connect_timeout=5)
     await redis.ping()
@@ -249,7 +248,7 @@ async def _serve(settings: WorkerSettings) -> None:
         settings.app_id,
         prefix=settings.redis_prefix,
         concurrency=settings.concurrency,
-        driver_factory=_driver_factory(settings.driver),
+        parts=demo_parts(settings.driver),
         state_ttl=settings.state_ttl,
     )
     stop = asyncio.Event()

@@ -273,6 +273,7 @@ async function startRun(event) {
   const pace = Number(form.elements.pace.value);
   const trace = form.elements.trace.checked;
   const maxSteps = form.elements.max_steps.value;
+  const mode = form.elements.mode.value;
   if (!input) {
     view.formError("Type a question for the agent first.");
     return;
@@ -283,7 +284,7 @@ async function startRun(event) {
     const response = await fetch("/run", {
       method: "POST",
       headers: { "Content-Type": "application/json", Accept: "application/json" },
-      body: JSON.stringify({ input, trace, pace_ms: pace, ...(maxSteps ? { max_steps: Number(maxSteps) } : {}) }),
+      body: JSON.stringify({ input, trace, pace_ms: pace, mode, ...(maxSteps ? { max_steps: Number(maxSteps) } : {}) }),
     });
     const body = await response.json().catch(() => ({}));
     if (!response.ok) {
@@ -327,6 +328,7 @@ async function main() {
     view.formError("pusher-js did not load (/demo/vendor/pusher.min.js).");
     return;
   }
+  if (app.config.run_default_mode) document.getElementById("mode-select").value = app.config.run_default_mode;
   document.getElementById("run-form").addEventListener("submit", startRun);
   document.getElementById("attach-form").addEventListener("submit", attach);
   document.body.dataset.ready = "true";

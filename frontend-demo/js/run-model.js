@@ -5,6 +5,8 @@
 // Envelope: {type, session_id, execution_id, timestamp, payload}
 // (schemas/agent-envelope.v1.schema.json).
 
+import { applyStage, isStage } from "./routing.js";
+
 export const TERMINAL = new Set(["completed", "failed"]);
 
 /** A new, empty run for `sessionId`. */
@@ -34,6 +36,8 @@ function newStep(number) {
     tools: new Map(), // tool_call_id -> tool (see applyTool*)
     completed: null, // agent.step.completed payload
     continuation: null, // agent.continuation payload (full trace)
+    actor: null, // agent.step.started actor (a routed step's capability)
+    routing: null, // routing phases of the step (routing.js applyStage)
     fromSnapshot: false,
   };
 }
@@ -70,6 +74,7 @@ const HANDLERS = {
     const step = stepOf(run, payload.step_number);
     step.startedAt = at;
     step.availableTools = payload.available_tools || [];
+    step.actor = payload.actor ?? null; // a routed step's capability (routing.js)
     if (run.status === "pending") run.status = "in_progress";
   },
   "agent.step.completed"(run, payload) {
@@ -81,6 +86,7 @@ const HANDLERS = {
   },
   "agent.tool.started"(run, payload, at) {
     const step = stepOf(run, payload.step_number ?? currentStepNumber(run));
+    if (isStage(payload.tool_name)) return applyStage(step, "agent.tool.started", payload);
     const tool = step.tools.get(payload.tool_call_id) || { id: payload.tool_call_id };
     Object.assign(tool, {
       name: payload.tool_name,
@@ -92,6 +98,7 @@ const HANDLERS = {
   },
   "agent.tool.completed"(run, payload) {
     const step = stepOf(run, payload.step_number ?? currentStepNumber(run));
+    if (isStage(payload.tool_name)) return applyStage(step, "agent.tool.completed", payload);
     const tool = step.tools.get(payload.tool_call_id) || { id: payload.tool_call_id };
     Object.assign(tool, {
       name: payload.tool_name,
@@ -236,6 +243,7 @@ export function fillFromSnapshot(run, snapshot) {
     if (existing && existing.completed) continue;
     const step = stepOf(run, summary.step_number);
     step.fromSnapshot = true;
+    step.actor ??= summary.actor ?? null; // a routed run's capability (process snapshot)
     step.completed = {
       step_number: summary.step_number,
       has_tool_calls: summary.has_tool_calls,

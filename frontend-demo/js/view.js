@@ -2,6 +2,7 @@
 // step and tool, so focus, scrolling and open <details> survive live updates).
 
 import { finalText, orderedSteps, stepText, TERMINAL, totals } from "./run-model.js";
+import { renderRouting } from "./routing-view.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -156,6 +157,7 @@ export class DashboardView {
     setText(card.text, text);
     card.text.classList.toggle("streaming", Boolean(text) && !step.streamComplete && !done);
     this.renderTools(card, step);
+    renderRouting(card.root, step);
     this.renderContinuation(card, step);
   }
 

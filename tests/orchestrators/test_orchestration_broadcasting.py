@@ -203,12 +203,24 @@ async def test_routing_stages_and_the_decider_are_visible() -> None:
         "reference_resolver",
         "intent_classifier",
         "get_weather",
+        "continuation_decider",
         "calculator",
+        "continuation_decider",
     ]
-    assert [t.step_number for t in tools] == [None, None, 1, 2]  # type: ignore[union-attr]
+    assert [t.step_number for t in tools] == [1, 1, 1, 1, 2, 2]  # type: ignore[union-attr]
     assert all(t.tool_call_id for t in tools)  # type: ignore[union-attr]
-    classified = [e.payload for e in envelopes if e.type == "agent.tool.completed"][1]
-    assert classified.result_summary == "get_weather(city: 'Oslo')"  # type: ignore[union-attr]
+    completed = [e.payload for e in envelopes if e.type == "agent.tool.completed"]
+    assert completed[1].result_summary.startswith(  # type: ignore[union-attr]
+        "get_weather · confidence 1.00 · matched rule 'weather in"
+    )
+    assert tools[2].arguments == {"city": "Oslo"}  # type: ignore[union-attr]
+    verdicts = [c.result_summary for c in completed if c.tool_name == "continuation_decider"]  # type: ignore[union-attr]
+    assert verdicts == [
+        "continue → calculator(expression: '10*9/5+32')",
+        "done · final output: 50 °F",
+    ]
+    decider_args = tools[3].arguments  # type: ignore[union-attr]
+    assert (decider_args["capability"], decider_args["session_id"]) == ("get_weather", "s1")
     actors = [e.payload.actor for e in envelopes if e.type == "agent.step.started"]  # type: ignore[union-attr]
     assert actors == ["get_weather", "calculator"]
     traces = [e.payload for e in envelopes if e.type == "agent.continuation"]

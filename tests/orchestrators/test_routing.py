@@ -16,6 +16,7 @@ from agent_core.errors import ErrorType, ValidationError
 from agent_core.events import ToolCallCompleted, ToolCallStarted
 from agent_core.orchestration_events import (
     CapabilitySelected,
+    ContinuationDecided,
     IntentClassified,
     ReferencesResolved,
     SessionMemoryAppended,
@@ -86,6 +87,7 @@ async def test_one_request_runs_one_capability_with_the_noop_decider() -> None:
         "process.step.started",
         "agent.tool.started",
         "agent.tool.completed",
+        "routing.continuation.decided",
         "process.continuation",
         "process.state.updated",
         "process.step.completed",
@@ -319,3 +321,85 @@ async def test_a_session_store_that_cannot_write_does_not_lose_the_answer(
     assert "Oslo" in state.final_response()
     assert recorder.types()[-1] == "process.completed"
     assert "before_finish failed" in caplog.text
+
+
+class RecordingDecider:
+    """Records what it is shown, then answers ``answer`` (or raises it)."""
+
+    name = "recording"
+
+    def __init__(self, answer: ContinuationResult | Exception) -> None:
+        self.answer = answer
+        self.seen: list[CapabilityResult] = []
+
+    async def decide(
+        self,
+        user_input: str,
+        capability: str,
+        result: CapabilityResult,
+        history: object = (),
+    ) -> ContinuationResult:
+        self.seen.append(result)
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+async def test_the_decider_sees_the_steps_timing_and_the_session_id() -> None:
+    decider = RecordingDecider(ContinuationResult(done=True))
+    orchestrator, _ = router(decider=decider)
+    state = await orchestrator.handle("weather in Oslo", "s7")
+    (seen,) = decider.seen
+    assert seen.metadata["session_id"] == "s7"
+    assert seen.metadata["step_number"] == 1
+    assert seen.metadata["duration_ms"] > 0  # the ticking clock advances on every read
+    assert seen.metadata["started_at"] == state.step_results()[0].to_dict()["started_at"]
+    assert state.steps()[0].result == seen
+
+
+async def test_a_failing_decider_keeps_the_capabilitys_output() -> None:
+    """The decider's error is recorded on the step and published; the request ends
+    completed with the capability's output (the run is not thrown away)."""
+    decider = RecordingDecider(ConnectionError("decider model unreachable"))
+    orchestrator, recorder = router(decider=decider)
+    state = await orchestrator.handle("weather in Oslo", "s8")
+    assert state.status is AgentStatus.COMPLETED
+    assert state.stop_reason() is StopReason.COMPLETED
+    (step,) = state.steps()
+    assert step.errors == ()
+    assert step.decision is None
+    error = "ConnectionError: decider model unreachable"
+    assert step.decider_error == error
+    assert json.loads(state.final_response())["city"] == "Oslo"
+    answer = state.result()
+    assert answer is not None
+    assert (answer.capability, answer.success) == ("get_weather", True)
+    evaluation = next(
+        e
+        for e in state.step_results()[0].outcome.evaluations
+        if e.criterion == "ContinuationDecider"
+    )
+    assert evaluation.decision is ContinuationDecision.STOP
+    assert "decider model unreachable" in evaluation.reason
+    (decided,) = recorder.of(ContinuationDecided)
+    assert (decided.decision, decided.error) == (None, error)
+    assert recorder.types()[-1] == "process.completed"
+    again = FullProcessStateSerializer(RoutingState).loads(
+        FullProcessStateSerializer(RoutingState).dumps(state)
+    )
+    assert again.steps()[0].decider_error == error
+
+
+async def test_the_classification_reports_its_confidence_and_reason() -> None:
+    rules = [Rule("get_weather", r"weather in (?P<city>\w+)", confidence=0.9, reason="weather")]
+    orchestrator, recorder = router(
+        classifier=RuleBasedClassifier(rules, default="calculator", default_argument="expression")
+    )
+    await orchestrator.handle("weather in Oslo")
+    await orchestrator.handle("1+1")
+    first, second = recorder.of(IntentClassified)
+    assert (first.capability, first.confidence, first.reason) == ("get_weather", 0.9, "weather")
+    assert (second.capability, second.confidence) == ("calculator", 0.5)
+    assert (first.step_number, second.step_number) == (1, 1)
+    with pytest.raises(ValueError, match=r"confidence must be 0\.\.1"):
+        Rule("x", "x", confidence=2)

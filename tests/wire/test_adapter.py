@@ -293,7 +293,12 @@ async def test_a_crashing_run_still_ends_with_a_failed_status() -> None:
         return b"{not json"
 
     publisher = RecordingPublisher()
-    manager = RunManager(publisher=publisher, state_store=NoStore(), load_snapshot=unreadable)
+    manager = RunManager(
+        publisher=publisher,
+        state_store=NoStore(),
+        driver_factory=demo_driver,
+        load_snapshot=unreadable,
+    )
     handle = await manager.start(RunRequest(input="hi"))
     assert await manager.wait(handle.session_id) is None
     final = publisher.envelopes()[-1]

@@ -45,6 +45,7 @@ async def test_config_announces_private_sessions(private_demo: LiveServer) -> No
         "app_key": "agent-key",
         "private_sessions": True,
         "auth_endpoint": "/broadcasting/auth",
+        "run_default_mode": "agent",
     }
 
 

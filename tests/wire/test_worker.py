@@ -11,11 +11,16 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator
 
 import httpx
+import orjson
 import pytest
+from redis.asyncio import Redis
 
+from agent_core.runs import RunRequest
+from agent_core.worker import RunQueue, lock_key, queue_key
 from tests.conftest import ServerFactory
 from tests.server.conftest import Client
 from tests.support import REPO, RedisServer
+from tests.wire.test_routed_runs import ROUTED_RUN, phases
 from tests.wire.test_runs import read_run, start_run, subscribe
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -115,3 +120,50 @@ async def test_the_session_is_busy_across_processes_until_the_worker_is_done(
 def test_queue_mode_needs_the_redis_backend(server_factory: ServerFactory) -> None:
     with pytest.raises(RuntimeError, match="needs the Redis backend"):
         server_factory("--demo", env={"AGENT_DEMO_RUN_MODE": "queue"})
+
+
+async def test_a_queued_job_carries_the_mode_the_web_process_chose(
+    redis_server: RedisServer,
+) -> None:
+    """The worker has no mode setting: the web side's default is resolved into the job."""
+    redis = Redis.from_url(redis_server.url)
+
+    async def position(channel: str) -> str | None:
+        return None
+
+    queue = RunQueue(redis, "1", position, prefix="wire-mode", default_mode="route")
+    try:
+        await queue.start(RunRequest(input="hi", session_id="m1"))
+        await queue.start(RunRequest(input="hi", session_id="m2", mode="agent"))
+        jobs = [orjson.loads(j) for j in await redis.lrange(queue_key("wire-mode", "1"), 0, -1)]
+    finally:
+        await redis.delete(queue_key("wire-mode", "1"))
+        await redis.delete(*(lock_key("wire-mode", "1", s) for s in ("m1", "m2")))
+        await queue.aclose()
+    assert [job["request"]["mode"] for job in jobs] == ["route", "agent"]
+
+
+async def test_a_queued_routed_run_shows_its_phases(
+    server_factory: ServerFactory,
+    redis_server: RedisServer,
+    worker: WorkerProcess,
+    clients: Connect,
+) -> None:
+    common = ("--backend", redis_server.url, "--redis-prefix", PREFIX)
+    env = {"AGENT_DEMO_RUN_MODE": "queue", "AGENT_DEMO_RUN_DEFAULT_MODE": "route"}
+    web = server_factory("--demo", *common, env=env)
+    client = await clients(f"{web.ws_url}/app/agent-key?protocol=7")
+
+    run = await start_run(web.url, trace=True)
+    await subscribe(client, run["channel"], run["position"])
+    events = await read_run(client)
+
+    assert phases(events) == ROUTED_RUN
+    assert events[-1][2]["status"] == "completed"
+    assert events[-1][2]["state_url"] == run["state_url"]
+    async with httpx.AsyncClient() as http:
+        snapshot = (await http.get(f"{web.url}{run['state_url']}")).json()
+    assert (snapshot["process"], snapshot["routing"]["capabilities"]) == (
+        "routing",
+        ["weather_agent"],
+    )
