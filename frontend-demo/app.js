@@ -22,6 +22,7 @@ const app = {
   run: null,
   auth: null, // {endpoint, token} for a private session, from POST /run
   reconcileResult: null,
+  reconcileTicket: 0, // the latest reconcile; an older snapshot answer is dropped
   positions: [], // positions of the envelopes applied, in order (for debugging)
   resumes: [],
 };
@@ -185,8 +186,14 @@ function onEnvelope(run, envelope, position) {
   app.positions.push(position);
   view.logEvent(envelope, position);
   scheduleRender();
-  if (envelope.type === "agent.status" && TERMINAL.has(envelope.payload.status)) {
+  if (envelope.type !== "agent.status") return;
+  if (TERMINAL.has(envelope.payload.status)) {
     reconcileWithSnapshot(run, envelope.payload.state_url);
+  } else if (app.reconcileResult) {
+    // Another run of the session started: the last verdict was about the one before.
+    app.reconcileTicket += 1;
+    app.reconcileResult = null;
+    view.reconcile({ state: "waiting" });
   }
 }
 
@@ -232,13 +239,15 @@ async function recoverFromSnapshot(run) {
 }
 
 async function reconcileWithSnapshot(run, url) {
+  const ticket = ++app.reconcileTicket;
+  const current = () => run === app.run && ticket === app.reconcileTicket;
   app.reconcileResult = { state: "checking" };
   view.reconcile(app.reconcileResult);
   try {
     const snapshot = await fetchSnapshot(run, url);
-    if (run === app.run) showReconcile(run, snapshot);
+    if (current()) showReconcile(run, snapshot);
   } catch (error) {
-    if (run !== app.run) return;
+    if (!current()) return;
     app.reconcileResult = { state: "error", message: error.message };
     view.reconcile(app.reconcileResult);
   }

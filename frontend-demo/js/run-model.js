@@ -68,7 +68,8 @@ const HANDLERS = {
     run.status = payload.status;
     run.statusPayload = payload;
     if (payload.state_url) run.stateUrl = payload.state_url;
-    if (TERMINAL.has(payload.status)) run.endedAt = at;
+    // A later run of the session (in_progress again) keeps the clock going.
+    run.endedAt = TERMINAL.has(payload.status) ? at : null;
   },
   "agent.step.started"(run, payload, at) {
     const step = stepOf(run, payload.step_number);
@@ -187,6 +188,18 @@ function lastAssistantText(snapshot) {
 }
 
 /**
+ * The session's total tokens as the events tell them: the steps' sum when the page saw
+ * the session from step 1, else the final agent.status (it counts the whole session);
+ * null when neither is known (the earlier runs' events and the final status were lost,
+ * the steps came from the snapshot), as nothing independent of the snapshot is left.
+ */
+function sessionTokens(run, built, earlier) {
+  if (earlier === 0) return built.usage.total;
+  const final = run.statusPayload;
+  return TERMINAL.has(final?.status) && final.usage ? final.usage.total : null;
+}
+
+/**
  * Compare what the page built from events with the final state snapshot
  * (GET /api/sessions/{id}/state).
  * @returns {{field: string, step?: number, events: string, snapshot: string}[]}
@@ -204,10 +217,10 @@ export function reconcile(run, snapshot) {
   // snapshot counts them all (and their tokens): compare with the run's share of them.
   const stepNumbers = [...run.steps.keys()];
   const earlier = stepNumbers.length ? Math.max(0, Math.min(...stepNumbers) - 1) : 0;
-  const sessionUsage = earlier > 0 ? run.statusPayload?.usage?.total : undefined;
   differ("status", run.status, snapshot.status);
   differ("step count", built.steps + earlier, snapshot.step_count);
-  differ("total tokens", sessionUsage ?? built.usage.total, snapshot.usage?.total ?? 0);
+  const tokens = sessionTokens(run, built, earlier);
+  if (tokens !== null) differ("total tokens", tokens, snapshot.usage?.total ?? 0);
   const snapSteps = new Map((snapshot.steps || []).map((step) => [step.step_number, step]));
   const numbers = new Set([...snapSteps.keys(), ...[...run.steps.values()].filter((s) => s.completed).map((s) => s.number)]);
   for (const number of [...numbers].sort((a, b) => a - b)) {

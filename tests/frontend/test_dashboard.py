@@ -14,8 +14,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
-from playwright.sync_api import Browser, Page, Route, expect
+from playwright.sync_api import APIResponse, Browser, Page, Route, expect
 from websockets.sync.client import connect
 
 from tests.conftest import ServerFactory
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.browser
 STEPS = 3
 TOOL_CALLS = {1: ["call_weather_1"], 2: ["call_calc_1"], 3: []}
 WAIT_MS = 20_000
+STATE_URL = re.compile(r"/api/sessions/[^/]+/state$")
 
 
 @pytest.fixture
@@ -300,3 +302,164 @@ def test_after_a_server_restart_the_page_reconnects_and_says_history_was_not_rec
     expect(page.locator("#history-text")).to_contain_text("no snapshot", timeout=WAIT_MS)
     expect(page.locator("#timeline > li.step")).to_have_count(STEPS)
     expect(page.get_by_label("Run status")).to_have_text("completed")
+
+
+# --- a session's second run ------------------------------------------------------------
+# Step numbers, usage and time keep counting across the runs of one session; the stored
+# snapshot and agent.status count the whole session. The page has no control to continue
+# a session, so the second run is started through POST /run with the session id, as
+# another client would.
+
+
+def continue_session(url: str, session: str, question: str, pace: str = "40") -> None:
+    """Start another run of ``session`` through ``POST /run``, as another client would."""
+    body = {"input": question, "session_id": session, "pace_ms": int(pace)}
+    response = httpx.post(f"{url}/run", json=body, timeout=10)
+    assert response.status_code == 202, response.text
+    assert response.json()["session_id"] == session
+
+
+def expect_second_run(page: Page, first_city: str | None, city: str) -> None:
+    """The second run's steps are numbered 4-6 after the first run's 1-3 (which the page
+    shows when it saw their events: ``first_city``; None: it filled the second run from
+    the snapshot), its answer is the last, and the page is in sync with the session's
+    snapshot, with no difference listed."""
+    expect(page.get_by_label("Run status")).to_have_text("completed", timeout=WAIT_MS)
+    numbers = list(range(1 if first_city else STEPS + 1, 2 * STEPS + 1))
+    expect(page.locator("#timeline > li.step")).to_have_count(len(numbers), timeout=WAIT_MS)
+    expect(page.locator("#timeline .step-number")).to_have_text([str(n) for n in numbers])
+    for number, ids in TOOL_CALLS.items():
+        step = page.locator(f"#step-{STEPS + number}")
+        expect(step).to_have_attribute("data-state", "done")
+        expect(step.locator("li.tool")).to_have_count(len(ids))
+        for call_id in ids:
+            expect(step.locator(f'li.tool[data-tool-call-id="{call_id}"]')).to_be_visible()
+    expect(page.locator(f"#step-{2 * STEPS} .finish")).to_have_text("stop")
+    if first_city:  # the events give the tools' arguments (the snapshot's steps do not)
+        expect(page.locator(f"#step-{STEPS + 1} .tool-args")).to_contain_text(city)
+        expect(page.locator("#step-1 .tool-args")).to_contain_text(first_city)
+        expect(page.locator(f"#step-{STEPS} .finish")).to_have_text("stop")
+    expect(page.locator("#answer")).to_contain_text(f"In {city} it is")
+    expect(page.locator("#total-steps")).to_have_text(str(len(numbers)))
+    reconcile = page.locator("#reconcile")
+    expect(reconcile).to_have_attribute("data-state", "in_sync", timeout=WAIT_MS)
+    expect(page.get_by_role("status").filter(has_text="In sync")).to_be_visible()
+    expect(reconcile.locator("ul.differences > li")).to_have_count(0)
+    expect(page.locator(".step .chip.diff:visible")).to_have_count(0)
+
+
+def test_a_page_following_a_session_shows_its_second_run_numbered_on_and_in_sync(
+    page: Page, demo_server: ServerProcess, artifacts: Path
+) -> None:
+    """The page that ran the first question stays on the session's channel while a
+    second run of the session starts: its steps follow as 4, 5, 6; while it runs, the
+    first run's verdict is not shown as the session's and the clock runs again; at its
+    end the page is in sync."""
+    session = start_run(page, demo_server.url, "What is the weather in Lisbon?")
+    expect_complete_run(page, "Lisbon")
+    first_run_time = page.locator("#total-time").inner_text()
+    continue_session(demo_server.url, session, "And what is the weather in Oslo?", pace="150")
+    expect(page.locator(f"#step-{STEPS + 1} .step-text")).to_contain_text("Let me", timeout=WAIT_MS)
+    status = page.get_by_label("Run status")
+    expect(status).to_have_text("in progress")
+    expect(page.locator("#reconcile")).to_have_attribute("data-state", "waiting")
+    # Two more seconds of paced text to go: the summary's clock ticks (every 0.5 s).
+    expect(page.locator("#total-time")).not_to_have_text(first_run_time)
+    expect(status).to_have_text("in progress")
+    try:
+        expect_second_run(page, "Lisbon", "Oslo")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{diagnostics(page)}") from None
+    screenshot(page, artifacts, "second-run-live")
+
+
+def test_a_late_snapshot_answer_about_the_first_run_does_not_overwrite_the_second_runs(
+    page: Page, demo_server: ServerProcess, artifacts: Path
+) -> None:
+    """The snapshot fetched when the first run ended answers only after the second run
+    ended in sync (held here, as a slow network would): the page drops that stale answer
+    instead of listing the first run's snapshot as differences."""
+    held: list[tuple[Route, APIResponse]] = []
+
+    def hold_the_first(route: Route) -> None:
+        if held:
+            route.continue_()
+        else:
+            held.append((route, route.fetch()))
+
+    page.route(STATE_URL, hold_the_first)
+    session = start_run(page, demo_server.url, "What is the weather in Lisbon?")
+    expect(page.get_by_label("Run status")).to_have_text("completed", timeout=WAIT_MS)
+    expect(page.locator("#reconcile")).to_have_attribute("data-state", "checking")
+    deadline = time.monotonic() + 10
+    while not held and time.monotonic() < deadline:
+        page.wait_for_timeout(50)  # lets playwright run the route handler
+    assert held, "the page did not ask for the first run's snapshot"
+    continue_session(demo_server.url, session, "And what is the weather in Oslo?")
+    expect_second_run(page, "Lisbon", "Oslo")
+
+    route, first_snapshot = held[0]
+    assert first_snapshot.json()["step_count"] == STEPS
+    with page.expect_response(STATE_URL):
+        route.fulfill(response=first_snapshot)
+    # A dropped answer leaves nothing to wait for: give its handler time to run.
+    page.wait_for_timeout(300)
+    expect_second_run(page, "Lisbon", "Oslo")
+    screenshot(page, artifacts, "second-run-stale-snapshot-dropped")
+
+
+def test_attaching_after_a_sessions_second_run_replays_both_runs_and_is_in_sync(
+    browser: Browser, page: Page, demo_server: ServerProcess, artifacts: Path
+) -> None:
+    """A page attaching by session id once the second run has started replays both runs
+    (two final statuses, hence two reconciles) and ends in sync with the session."""
+    session = start_run(page, demo_server.url, "What is the weather in Lisbon?")
+    expect(page.locator("#reconcile")).to_have_attribute("data-state", "in_sync", timeout=WAIT_MS)
+    continue_session(demo_server.url, session, "And what is the weather in Oslo?")
+
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    try:
+        late = context.new_page()
+        late.goto(demo_server.url + "/")
+        expect(late.locator("body")).to_have_attribute("data-ready", "true", timeout=WAIT_MS)
+        late.get_by_label("attach to a session id").fill(session)
+        late.get_by_role("button", name="Attach").click()
+        expect(late.get_by_role("status", name="Connection")).to_contain_text(
+            re.compile(r"history replayed \(\d+ events?\)"), timeout=WAIT_MS
+        )
+        try:
+            expect_second_run(late, "Lisbon", "Oslo")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{diagnostics(late)}") from None
+        screenshot(late, artifacts, "second-run-attached")
+    finally:
+        context.close()
+
+
+def test_a_second_run_whose_first_run_left_the_history_is_filled_and_in_sync(
+    browser: Browser, page: Page, server_factory: ServerFactory, artifacts: Path
+) -> None:
+    """With a short channel history the first run's events are gone when a page attaches
+    after the second run: it fills steps 4-6 from the snapshot and, comparing the
+    session's totals, is in sync."""
+    server = server_factory("--demo", "--history-size", "8")
+    session = start_run(page, server.url, "What is the weather in Lisbon?")
+    expect(page.locator("#reconcile")).to_have_attribute("data-state", "in_sync", timeout=WAIT_MS)
+    continue_session(server.url, session, "And what is the weather in Oslo?")
+    expect_second_run(page, "Lisbon", "Oslo")
+
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    try:
+        late = context.new_page()
+        late.goto(f"{server.url}/#session={session}")
+        expect(late.locator("#history-text")).to_contain_text(
+            "filled from the snapshot", timeout=WAIT_MS
+        )
+        try:
+            expect_second_run(late, None, "Oslo")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{diagnostics(late)}") from None
+        expect(late.locator(f"#step-{STEPS + 1} .chip.snapshot")).to_be_visible()
+        screenshot(late, artifacts, "second-run-from-snapshot")
+    finally:
+        context.close()
