@@ -204,10 +204,16 @@ class Connection:
             True when there is room, False when the connection closed meanwhile.
         """
         pause = 0.002
-        while self.state is ConnectionState.OPEN and self.unsent() >= below:
+        while self._writable() and self.unsent() >= below:
             await asyncio.sleep(pause)  # the fast path has no drain callback: poll
             pause = min(pause * 2, 0.05)
-        return self.state is ConnectionState.OPEN
+        return self._writable()
+
+    def _writable(self) -> bool:
+        """Open, and (fast path) its socket not going away: a lost peer never drains."""
+        if self.state is not ConnectionState.OPEN:
+            return False
+        return self._raw is None or not self._raw.closing
 
     def slow_consumer(self) -> None:
         """Drop what is queued and close with 4100 (the slow-consumer policy)."""

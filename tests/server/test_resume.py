@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from broadcaster.backends.base import BackendUnavailable, HistoryResult
 from broadcaster.backends.memory import MemoryBackend
 from broadcaster.publication import Position
 from tests.agui.conftest import sse
@@ -191,6 +192,46 @@ async def test_a_history_larger_than_the_buffer_streams_over_sse(
                 ids.append(Position.parse(event.id).offset)
                 assert event.json["n"] == len(ids) - 1
     assert ids == list(range(start.offset + 1, start.offset + MISSED + 1))
+
+
+# -- point 10: a history read that fails ---------------------------------------------------
+
+
+class FailingHistory(MemoryBackend):
+    """A backend whose history cannot be read (as when Redis stalls)."""
+
+    async def history(
+        self, app_id: str, channel: str, since: Position, limit: int | None = None
+    ) -> HistoryResult:
+        raise BackendUnavailable("the history cannot be read now (test)")
+
+
+async def test_a_failed_history_read_closes_with_a_reconnect_code(
+    start_server: StartServer, clients: Connect
+) -> None:
+    """Not a bare pusher:error after subscription_succeeded (pusher-js ignores it and
+    believes it is subscribed): the connection is closed with 4100, so the client
+    reconnects after a back-off and resumes again."""
+    live = await start_server(backend_object=FailingHistory())
+    client = await clients(live.app_url())
+    answer = await client.subscribe("agent.stalled", position="e:1")
+    assert answer["event"] == "pusher_internal:subscription_succeeded"
+    error = await client.expect("pusher:error")
+    assert error["data"]["code"] == 4100
+    assert "agent.stalled" in error["data"]["message"]
+    assert await client.closed_with() == 4100
+    await wait_for(lambda: live.node.hub.channels() == 0, "the subscription to be dropped")
+
+
+async def test_a_failed_history_read_ends_the_sse_stream(start_server: StartServer) -> None:
+    """Over SSE the stream ends (after 200) with a comment saying so: EventSource then
+    reconnects by itself with Last-Event-ID (a 503 would stop it for good)."""
+    live = await start_server(backend_object=FailingHistory())
+    async with sse(f"{live.url}/api/channels/stalled/events?since=e:1") as reader:
+        assert (await reader.next()).comment == "stalled"
+        ended = await reader.next()
+    assert ended.comment is not None
+    assert ended.comment.startswith("ended: history not read")
 
 
 # -- point 13: presence limit across nodes ------------------------------------------------
