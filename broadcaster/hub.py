@@ -129,7 +129,7 @@ class Hub:
         """Add ``conn`` to ``channel``; returns once the backend delivers the channel here.
 
         With ``recovering``, live publications for ``conn`` are held back until
-        :meth:`recovered` is called.
+        :meth:`resume` (or :meth:`release`) returns it to live delivery.
 
         Raises:
             BackendUnavailable: the backend could not subscribe; ``conn`` is not added.
@@ -188,11 +188,13 @@ class Hub:
                 return Resumed(False, page.position)
             for publication in page.publications:
                 if not await self._send_paced(conn, publication, budget):
-                    return Resumed(False, page.position)  # closed, or the frame never fits
+                    self.release(conn, channel)  # closed, or a frame that can never fit
+                    return Resumed(False, page.position)
                 after = publication.position or after
-            if after == page.position and recovery.drops == drops:
-                break  # at the top, and everything newer was held back since this read
-            if not page.publications:
+            if after == page.position:
+                if recovery.drops == drops:
+                    break  # at the top, and everything newer was held back since this read
+            elif not page.publications:
                 self.release(conn, channel)
                 return Resumed(False, page.position)  # the history ended short of the top
         self.release(conn, channel, after=after)
