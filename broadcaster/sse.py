@@ -36,7 +36,11 @@ Authorization (no socket, so no Pusher socket signature):
 
 Errors are JSON ``{"error": ...}``: 400 (bad channel, session id or position), 403
 (missing or wrong authorization), 404 (unknown app, or a session with no history, no
-stored state and no position handed out), 503 (the backend is unreachable).
+stored state and no position handed out), 503 (the backend is unreachable). A history
+that cannot be read once the stream is open (``history_read_timeout``) ends the stream
+with an ``: ended: ...`` comment; ``EventSource`` then reconnects with ``Last-Event-ID``.
+A long history streams as the client reads it, never more than half of
+``max_buffer_bytes`` ahead.
 """
 
 from __future__ import annotations
