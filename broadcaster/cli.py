@@ -54,6 +54,10 @@ def main() -> None:
 )
 @click.option("--history-size", type=int, help="Publications kept per channel [1000].")
 @click.option("--history-ttl", type=int, help="Seconds a channel's history is kept [600].")
+@click.option("--max-history-reads", type=int, help="Concurrent resume history reads [32].")
+@click.option(
+    "--history-read-timeout", type=float, help="Seconds a resume's history read may take [10]."
+)
 @click.option("--redis-prefix", help="Prefix of every Redis key [broadcaster].")
 @click.option("--shutdown-timeout", type=float, help="Seconds a graceful shutdown may take [10].")
 @click.option("--metrics/--no-metrics", default=None, help="Serve /metrics [on].")

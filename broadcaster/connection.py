@@ -190,6 +190,36 @@ class Connection:
         self._pending = None
         self._pending_bytes = 0
 
+    def unsent(self) -> int:
+        """Bytes queued for this connection and not yet taken by the peer's socket (or
+        by the reader of a queued connection)."""
+        return self._pending_bytes + self._buffered()
+
+    async def drained(self, below: int) -> bool:
+        """Wait until fewer than ``below`` bytes are :meth:`unsent` (for senders that
+        pace themselves, e.g. a resume streaming a long history; bound the wait with
+        ``asyncio.timeout``).
+
+        Returns:
+            True when there is room, False when the connection closed meanwhile.
+        """
+        pause = 0.002
+        while self._writable() and self.unsent() >= below:
+            await asyncio.sleep(pause)  # the fast path has no drain callback: poll
+            pause = min(pause * 2, 0.05)
+        return self._writable()
+
+    def _writable(self) -> bool:
+        """Open, and (fast path) its socket not going away: a lost peer never drains."""
+        if self.state is not ConnectionState.OPEN:
+            return False
+        return self._raw is None or not self._raw.closing
+
+    def slow_consumer(self) -> None:
+        """Drop what is queued and close with 4100 (the slow-consumer policy)."""
+        if self.state is ConnectionState.OPEN:
+            self._slow_consumer()
+
     def allow_client_event(self, now: float, per_second: int) -> bool:
         """Count a client event against the per-second limit; False when over it."""
         window = int(now)

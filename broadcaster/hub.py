@@ -7,9 +7,14 @@ serialising subscribe/unsubscribe per channel so that a quick leave-and-rejoin c
 leave the backend unsubscribed.
 
 Resume: a connection that subscribes with a position is registered in *recovering*
-state first; live publications for it are buffered while the node reads the history,
-then :meth:`Hub.recovered` sends the missed publications, and after them the buffered
-live ones whose offset is newer (no duplicate, no gap at the seam).
+state first; live publications for it are held back while :meth:`Hub.resume` reads the
+history page by page and sends each page as the connection's buffer drains (a history
+larger than ``max_buffer_bytes`` streams instead of overflowing it), then the held live
+ones whose offset is newer (no duplicate, no gap at the seam). History reads of resumes
+are bounded per node (``max_history_reads`` at a time, first come first served, each
+given up after ``history_read_timeout``), so a burst of resumes cannot starve the
+others. When the held live publications outgrow ``max_buffer_bytes``, the ones kept in
+the history are dropped and read from it again instead.
 
 Gaps: the hub remembers the last position it delivered on each channel. A publication
 that skips offsets (the node's pub/sub subscription was down while another node
@@ -30,16 +35,18 @@ from dataclasses import dataclass, field
 
 from broadcaster import protocol
 from broadcaster._frames import Outgoing
-from broadcaster.backends.base import Backend, BackendUnavailable
+from broadcaster.backends.base import Backend, BackendUnavailable, HistoryResult
 from broadcaster.connection import Connection
 from broadcaster.metrics import Metrics
 from broadcaster.publication import Position, Publication
 
-__all__ = ["Hub", "encode"]
+__all__ = ["Hub", "Resumed", "encode"]
 
 log = logging.getLogger("broadcaster.hub")
 
 _Key = tuple[str, str]
+_PAGE = 100  # publications per history read of a resume
+_DRAIN_TIMEOUT = 30.0  # seconds a resuming client may take to make room for the next one
 
 
 def encode(publication: Publication) -> Outgoing:
@@ -54,6 +61,17 @@ class _Recovery:
     """Live publications held back while a resuming connection's history is read."""
 
     held: list[tuple[Publication, Outgoing]] | None = None  # made when the first is held
+    held_bytes: int = 0
+    drops: int = 0  # times the held publications kept in history were dropped
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """The outcome of :meth:`Hub.resume`: whether every missed publication was sent,
+    and the channel's latest position (None when it has none)."""
+
+    recovered: bool
+    position: Position | None
 
 
 @dataclass(slots=True)
@@ -78,9 +96,20 @@ class _Channel:
 class Hub:
     """Local subscriptions of one node and the fan-out of publications to them."""
 
-    def __init__(self, backend: Backend, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        metrics: Metrics,
+        *,
+        max_buffer_bytes: int = 1 << 20,
+        max_history_reads: int = 32,
+        history_read_timeout: float = 10.0,
+    ) -> None:
         self._backend = backend
         self._metrics = metrics
+        self._max_buffer_bytes = max_buffer_bytes
+        self._reads = asyncio.Semaphore(max_history_reads)  # FIFO: no resume starves
+        self._read_timeout = history_read_timeout
         self._channels: dict[_Key, _Channel] = {}
         self._leaving: dict[_Key, asyncio.Task[None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -100,7 +129,7 @@ class Hub:
         """Add ``conn`` to ``channel``; returns once the backend delivers the channel here.
 
         With ``recovering``, live publications for ``conn`` are held back until
-        :meth:`recovered` is called.
+        :meth:`resume` (or :meth:`release`) returns it to live delivery.
 
         Raises:
             BackendUnavailable: the backend could not subscribe; ``conn`` is not added.
@@ -137,17 +166,75 @@ class Hub:
         if not entry.subscribers and self._channels.get(key) is entry:
             self._leave(key)  # every subscriber left while the subscription was made
 
-    def recovered(self, conn: Connection, channel: str, missed: tuple[Publication, ...]) -> None:
-        """Send ``missed`` (history, oldest first), then the live publications held back
-        for ``conn`` that are newer, and return it to live delivery."""
+    async def resume(self, conn: Connection, channel: str, since: Position) -> Resumed:
+        """Send ``conn`` (subscribed with ``recovering``) the publications of
+        ``channel`` after ``since`` from the history, page by page as its buffer drains,
+        then the live ones held back that are newer, and return it to live delivery.
+
+        Raises:
+            BackendUnavailable: a page could not be read (or not within
+                ``history_read_timeout``); ``conn`` stays held back, the caller must
+                unsubscribe it and tell the client to come back.
+        """
+        recovery = self._recovery(conn, channel)
+        if recovery is None:
+            return Resumed(False, None)
+        after, budget = since, self._max_buffer_bytes // 2
+        while True:
+            drops = recovery.drops
+            page = await self._read_page((conn.app.id, channel), after)
+            if not page.recovered:
+                self.release(conn, channel)
+                return Resumed(False, page.position)
+            for publication in page.publications:
+                if not await self._send_paced(conn, publication, budget):
+                    self.release(conn, channel)  # closed, or a frame that can never fit
+                    return Resumed(False, page.position)
+                after = publication.position or after
+            if after == page.position:
+                if recovery.drops == drops:
+                    break  # at the top, and everything newer was held back since this read
+            elif not page.publications:
+                self.release(conn, channel)
+                return Resumed(False, page.position)  # the history ended short of the top
+        self.release(conn, channel, after=after)
+        return Resumed(True, page.position)
+
+    def _recovery(self, conn: Connection, channel: str) -> _Recovery | None:
         entry = self._channels.get((conn.app.id, channel))
-        if entry is None or conn not in entry.subscribers:
-            return
-        for publication in missed:
-            if publication.exclude_socket_id != conn.socket_id:
-                conn.send(encode(publication))
-        last = missed[-1].position if missed else None
-        self.release(conn, channel, after=last)
+        state = None if entry is None else entry.subscribers.get(conn)
+        return state if isinstance(state, _Recovery) else None
+
+    async def _read_page(self, key: _Key, since: Position) -> HistoryResult:
+        try:
+            async with asyncio.timeout(self._read_timeout), self._reads:
+                return await self._backend.history(*key, since, _PAGE)
+        except TimeoutError:
+            raise BackendUnavailable(
+                f"the history of {key[1]!r} could not be read within "
+                f"{self._read_timeout:g} s (history_read_timeout)"
+            ) from None
+
+    async def _send_paced(self, conn: Connection, publication: Publication, budget: int) -> bool:
+        """Send one publication from history once ``conn`` has room for it within
+        ``budget`` unsent bytes (the rest of its buffer stays free for live traffic)."""
+        if publication.exclude_socket_id == conn.socket_id:
+            return True
+        message = encode(publication)
+        size = len(message.frame)
+        if size > self._max_buffer_bytes:
+            return False
+        room = max(budget - size, 1)
+        if conn.unsent() >= room:
+            try:
+                async with asyncio.timeout(_DRAIN_TIMEOUT):
+                    if not await conn.drained(room):
+                        return False  # closed
+            except TimeoutError:
+                conn.slow_consumer()  # it made no room for half a minute
+                return False
+        conn.send(message)
+        return conn.is_open
 
     def release(self, conn: Connection, channel: str, after: Position | None = None) -> None:
         """Return ``conn`` to live delivery on ``channel``, first sending what was held
@@ -228,8 +315,8 @@ class Hub:
         metrics.messages_out += sent
         self._observe_after_flush(started)
 
-    @staticmethod
     def _past_seam(
+        self,
         entry: _Channel,
         conn: Connection,
         state: _Recovery | _Seam,
@@ -241,11 +328,25 @@ class Hub:
             if state.held is None:
                 state.held = []
             state.held.append((publication, message))
+            state.held_bytes += len(message)
+            if state.held_bytes > self._max_buffer_bytes:
+                self._shed(conn, state)
             return False
         if not _is_new(publication.position, state.after):
             return False  # already sent from history
         entry.subscribers[conn] = None
         return True
+
+    def _shed(self, conn: Connection, state: _Recovery) -> None:
+        """Held-back publications outgrew the buffer: drop those kept in the history
+        (the resume reads them from there again); close the connection as a slow
+        consumer if the others (client events, presence notices) alone are too many."""
+        kept = [(p, m) for p, m in state.held or () if p.position is None]
+        state.held = kept
+        state.held_bytes = sum(len(m) for _, m in kept)
+        state.drops += 1
+        if state.held_bytes > self._max_buffer_bytes:
+            conn.slow_consumer()
 
     def check_gaps(self) -> None:
         """Fill what every channel missed after its last delivered position (call it
@@ -270,8 +371,9 @@ class Hub:
         recovered = False
         try:
             result = await self._backend.history(*key, since)
-            if not result.recovered and result.position.epoch != since.epoch:
-                since = Position(0, result.position.epoch)  # the epoch changed: its start
+            latest = result.position
+            if not result.recovered and latest is not None and latest.epoch != since.epoch:
+                since = Position(0, latest.epoch)  # the epoch changed: its start
                 result = await self._backend.history(*key, since)
             recovered, missed = result.recovered, result.publications
             if not recovered:

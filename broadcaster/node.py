@@ -25,7 +25,7 @@ from broadcaster._frames import Outgoing
 from broadcaster._text import excerpt
 from broadcaster._uvicorn import RawSocket
 from broadcaster.backends import create_backend
-from broadcaster.backends.base import Backend, BackendUnavailable, PresenceMember
+from broadcaster.backends.base import Backend, BackendUnavailable, PresenceFull, PresenceMember
 from broadcaster.channels import server_to_user_id
 from broadcaster.codes import ErrorCode
 from broadcaster.connection import AsgiConnection, AsgiSend, Connection, Delivery
@@ -65,7 +65,13 @@ class Node:
         self._by_id = {app.id: app for app in self.apps}
         self.backend = backend or _backend_for(settings, self.apps)
         self.metrics = Metrics(backend_reconnects=self._backend_reconnects)
-        self.hub = Hub(self.backend, self.metrics)
+        self.hub = Hub(
+            self.backend,
+            self.metrics,
+            max_buffer_bytes=settings.max_buffer_bytes,
+            max_history_reads=settings.max_history_reads,
+            history_read_timeout=settings.history_read_timeout,
+        )
         self.delivery = Delivery(settings.max_buffer_bytes, on_slow_consumer=self._on_slow_consumer)
         self.connections: dict[str, Connection] = {}
         self.streams: set[Connection] = set()  # HTTP streams (SSE, AG-UI) on channels
@@ -196,7 +202,9 @@ class Node:
         """Handle ``pusher:subscribe`` (auth, presence, resume from ``position``).
 
         Raises:
-            ProtocolError: bad auth, presence channel full, backend unavailable.
+            ProtocolError: bad auth, presence channel full, or the backend unavailable
+                (the connection is then closed with 4100: pusher-js reconnects after a
+                back-off and subscribes again, resuming from its position).
         """
         channel = command.channel
         protocol.authorize_subscription(conn.app, conn.socket_id, command)
@@ -214,8 +222,6 @@ class Node:
                 close=False,
             )
         member = command.member
-        if member is not None:
-            await self._check_presence_room(conn.app, channel, member.user_id)
         try:
             await self.hub.subscribe(conn, channel, recovering=True)
         except BackendUnavailable as exc:
@@ -228,11 +234,9 @@ class Node:
         except BackendUnavailable as exc:
             await self._leave_quietly(conn, channel)
             raise _unavailable(channel, exc) from None
-
-    async def _check_presence_room(self, app: AppConfig, channel: str, user_id: str) -> None:
-        members = await self.backend.presence_members(app.id, channel)
-        if len(members) >= app.max_presence_members and all(m.user_id != user_id for m in members):
-            raise protocol.presence_member_limit(channel, app.max_presence_members)
+        except PresenceFull as exc:
+            await self._leave_quietly(conn, channel)
+            raise protocol.presence_member_limit(channel, exc.limit) from None
 
     async def _joined(
         self,
@@ -246,7 +250,8 @@ class Node:
         added = False
         if member is not None:
             stored = PresenceMember(member.user_id, member.user_info)
-            added = await self.backend.presence_add(app_id, channel, conn.socket_id, stored)
+            limit = conn.app.max_presence_members  # checked atomically with the addition
+            added = await self.backend.presence_add(app_id, channel, conn.socket_id, stored, limit)
         await self._succeeded(conn, channel, member is not None)
         await self._resume(conn, channel, since)
         if added:
@@ -265,14 +270,10 @@ class Node:
         if since is None:
             self.hub.release(conn, channel)
             return
-        result = await self.backend.history(conn.app.id, channel, since)
-        self.hub.recovered(conn, channel, result.publications)
-        reason = None if result.recovered else _NOT_RECOVERED
-        conn.send(
-            Outgoing(protocol.resume_result(channel, result.recovered, result.position, reason))
-        )
-        last = result.publications[-1].position if result.publications else None
-        self.hub.release(conn, channel, after=last)
+        resumed = await self.hub.resume(conn, channel, since)
+        reason = None if resumed.recovered else _NOT_RECOVERED
+        notice = protocol.resume_result(channel, resumed.recovered, resumed.position, reason)
+        conn.send(Outgoing(notice))
 
     async def _leave_quietly(self, conn: Connection, channel: str) -> None:
         try:
@@ -517,8 +518,11 @@ def _authorize_user_channel(conn: Connection, channel: str) -> None:
 
 
 def _unavailable(channel: str, exc: BackendUnavailable) -> ProtocolError:
+    # Closing is the answer pusher-js acts on: it reconnects after a back-off and
+    # subscribes (resumes) again. An error message alone would leave it believing it is
+    # subscribed (or waiting for ever for subscription_succeeded) and receiving nothing.
     return ProtocolError(
         ErrorCode.OVER_CAPACITY,
-        f"cannot subscribe to {channel!r} now ({exc}); retry later",
-        close=False,
+        f"cannot subscribe to {channel!r} now ({exc}); reconnect and subscribe again",
+        close=True,
     )

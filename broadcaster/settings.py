@@ -100,6 +100,11 @@ class Settings(BaseSettings):
     # Channel history kept for resume: publications per channel and seconds kept.
     history_size: Annotated[int, Field(ge=1, le=100_000)] = 1000
     history_ttl: Annotated[int, Field(ge=1, le=7 * 86400)] = 600
+    # Resumes: history reads at a time per node (others wait their turn, first come
+    # first served) and seconds a read may wait and take before the client is closed
+    # with 4100 (pusher-js reconnects after a back-off and resumes again).
+    max_history_reads: Annotated[int, Field(ge=1, le=10_000)] = 32
+    history_read_timeout: Annotated[float, Field(gt=0, le=300)] = 10.0
     # Key prefix of everything the Redis backend stores (several deployments per Redis).
     redis_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_\-.:]{1,64}$")] = DEFAULT_REDIS_PREFIX
     # Seconds a graceful shutdown may take before remaining work is cancelled.

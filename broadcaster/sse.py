@@ -43,7 +43,11 @@ Authorization (no socket, so no Pusher socket signature):
 
 Errors are JSON ``{"error": ...}``: 400 (bad channel, session id or position), 403
 (missing or wrong authorization), 404 (unknown app, or a session with no history, no
-stored state and no position handed out), 503 (the backend is unreachable).
+stored state and no position handed out), 503 (the backend is unreachable). A history
+that cannot be read once the stream is open (``history_read_timeout``) ends the stream
+with an ``: ended: ...`` comment; ``EventSource`` then reconnects with ``Last-Event-ID``.
+A long history streams as the client reads it, never more than half of
+``max_buffer_bytes`` ahead.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ from broadcaster.channels import (
     server_to_user_id,
     validate_channel_name,
 )
+from broadcaster.codes import ErrorCode
 from broadcaster.connection import Delivery, QueuedConnection
 from broadcaster.exceptions import ProtocolError
 from broadcaster.node import Node
@@ -172,10 +177,12 @@ class FeedConnection(QueuedConnection):
 class ChannelFeed:
     """A channel's messages from a position on, as an async context manager.
 
-    On entry the feed subscribes to ``channel`` (holding live publications back), reads
-    the history after ``since`` and queues the missed publications, then the held ones
-    that are newer (the hub's resume, as for a WebSocket), then a ``broadcaster:resume``
-    message. Without ``since`` it starts with the live stream.
+    On entry the feed subscribes to ``channel`` (holding live publications back); with
+    ``since``, a task then streams the history after it page by page as the reader
+    drains the feed, then the held publications that are newer (the hub's resume, as
+    for a WebSocket), then a ``broadcaster:resume`` message. A history read that fails
+    ends the feed (the client reconnects with ``Last-Event-ID``). Without ``since`` it
+    starts with the live stream.
 
     Args:
         node: the node whose hub and backend to use.
@@ -195,6 +202,7 @@ class ChannelFeed:
         self.conn = FeedConnection(app, node.delivery)
         self._subscribed = False
         self._occupied = False
+        self._resuming: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> ChannelFeed:
         hub, conn = self.node.hub, self.conn
@@ -220,14 +228,21 @@ class ChannelFeed:
         await self.aclose()
 
     async def _resume(self) -> None:
-        hub, conn, channel = self.node.hub, self.conn, self.channel
         if self.since is None:
-            hub.release(conn, channel)
+            self.node.hub.release(self.conn, self.channel)
             return
-        result = await self.node.backend.history(self.app.id, channel, self.since)
-        hub.recovered(conn, channel, result.publications)
-        reason = None if result.recovered else "the channel's history no longer reaches back"
-        notice = protocol.resume_result(channel, result.recovered, result.position, reason)
+        # Paced by the reader of the feed: it must run beside the response.
+        self._resuming = asyncio.create_task(self._stream_history(self.since))
+
+    async def _stream_history(self, since: Position) -> None:
+        hub, conn, channel = self.node.hub, self.conn, self.channel
+        try:
+            resumed = await hub.resume(conn, channel, since)
+        except BackendUnavailable as exc:
+            conn.close(ErrorCode.OVER_CAPACITY, f"history not read ({exc})")
+            return
+        reason = None if resumed.recovered else "the channel's history no longer reaches back"
+        notice = protocol.resume_result(channel, resumed.recovered, resumed.position, reason)
         conn.send(Outgoing(notice))
 
     async def receive(self, wait: float) -> list[FeedItem]:
@@ -243,6 +258,11 @@ class ChannelFeed:
     async def aclose(self) -> None:
         """Unsubscribe; idempotent."""
         self.conn.closed()
+        if self._resuming is not None:
+            self._resuming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._resuming
+            self._resuming = None
         self.node.streams.discard(self.conn)
         if not self._subscribed:
             return
@@ -297,6 +317,8 @@ async def _events(feed: ChannelFeed, heartbeat: float) -> AsyncIterator[bytes]:
     while True:
         items = await feed.receive(heartbeat)
         if feed.ended is not None:
+            if items:  # sent before the end (e.g. the part of a history read so far)
+                yield b"".join(encode_event(item) for item in items)
             yield _comment(f"ended: {feed.ended}; reconnect with Last-Event-ID")
             return
         yield b"".join(encode_event(item) for item in items) if items else HEARTBEAT

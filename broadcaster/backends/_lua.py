@@ -16,6 +16,7 @@ from redis.exceptions import NoScriptError
 
 __all__ = [
     "HISTORY",
+    "POSITION",
     "PRESENCE_ADD",
     "PRESENCE_MEMBERS",
     "PRESENCE_REMOVE",
@@ -79,22 +80,37 @@ return {offset, epoch}
 
 HISTORY = Script(
     """
--- KEYS: meta, stream. ARGV: since offset, since epoch, history size, meta ttl ms,
--- new epoch, "1" to read publications or "0" for the position only.
--- Returns {epoch, top offset, recovered (0/1), payloads...}.
-"""
-    + _EPOCH.replace("NEW_EPOCH", "ARGV[5]").replace("META_TTL", "ARGV[4]")
-    + """
-local top = tonumber(redis.call('HGET', KEYS[1], 'o') or '0')
-if ARGV[6] == '0' or epoch ~= ARGV[2] then return {epoch, top, 0} end
+-- KEYS: meta, stream. ARGV: since offset, since epoch, history size, most publications
+-- to return (0: all). Reads only: a channel nobody published to stays absent.
+-- Returns {epoch ('' when none), top offset, recovered (0/1), payloads...}.
+local meta = redis.call('HMGET', KEYS[1], 'e', 'o')
+local epoch = meta[1]
+if not epoch then return {'', 0, 0} end
+local top = tonumber(meta[2] or '0')
+if epoch ~= ARGV[2] then return {epoch, top, 0} end
 local missed = top - tonumber(ARGV[1])
 if missed < 0 or missed > tonumber(ARGV[3]) then return {epoch, top, 0} end
 if missed == 0 then return {epoch, top, 1} end
-local entries = redis.call('XRANGE', KEYS[2], (top - missed + 1) .. '-0', '+')
-if #entries ~= missed then return {epoch, top, 0} end
+local want = missed
+local limit = tonumber(ARGV[4])
+if limit > 0 and limit < want then want = limit end
+local first = (top - missed + 1) .. '-0'
+local entries = redis.call('XRANGE', KEYS[2], first, '+', 'COUNT', want)
+if #entries ~= want or entries[1][1] ~= first then return {epoch, top, 0} end
 local out = {epoch, top, 1}
 for i = 1, #entries do out[i + 3] = entries[i][2][2] end
 return out
+"""
+)
+
+POSITION = Script(
+    """
+-- KEYS: meta, stream. ARGV: meta ttl ms, new epoch. Returns {epoch, top offset}; the
+-- epoch is created when missing (a position handed out must stay valid).
+"""
+    + _EPOCH.replace("NEW_EPOCH", "ARGV[2]").replace("META_TTL", "ARGV[1]")
+    + """
+return {epoch, tonumber(redis.call('HGET', KEYS[1], 'o') or '0')}
 """
 )
 
@@ -115,22 +131,31 @@ end
 PRESENCE_ADD = Script(
     """
 -- KEYS: presence, this node's heartbeat. ARGV: socket id, entry, user id,
--- node key prefix, node ttl ms, this node's id. Returns 1 when the user is new.
+-- node key prefix, node ttl ms, this node's id, most distinct users (0: no limit).
+-- Returns 1 when the user is new, 0 when not, -1 (nothing added) when the user is new
+-- and the channel is full: the check and the addition are one atomic step.
 """
     + _ALIVE.replace("NODE_PREFIX", "ARGV[4]")
     + """
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[5])
 alive[ARGV[6]] = true
 local existed = 0
+local users, count = {}, 0
 local entries = redis.call('HGETALL', KEYS[1])
 for i = 1, #entries, 2 do
   local m = cjson.decode(entries[i + 1])
   if not is_alive(m.n) then
     redis.call('HDEL', KEYS[1], entries[i])
-  elseif m.u == ARGV[3] then
-    existed = 1
+  else
+    if m.u == ARGV[3] then existed = 1 end
+    if not users[m.u] then
+      users[m.u] = true
+      count = count + 1
+    end
   end
 end
+local limit = tonumber(ARGV[7])
+if existed == 0 and limit > 0 and count >= limit then return -1 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return 1 - existed

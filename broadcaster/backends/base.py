@@ -24,6 +24,7 @@ __all__ = [
     "BackendUnavailable",
     "ControlHandler",
     "HistoryResult",
+    "PresenceFull",
     "PresenceMember",
     "PublicationHandler",
 ]
@@ -41,6 +42,15 @@ class BackendUnavailable(Exception):
     """The backend cannot do this now (e.g. Redis is unreachable); the caller may retry."""
 
 
+class PresenceFull(Exception):
+    """A presence channel already has its maximum of distinct members (checked in the
+    same atomic step that would have added the new one)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the presence channel has the maximum of {limit} members")
+        self.limit = limit
+
+
 @dataclass(frozen=True, slots=True)
 class PresenceMember:
     user_id: str
@@ -54,12 +64,12 @@ class HistoryResult:
     ``recovered`` is False when the history no longer reaches back to the position
     asked for (trimmed, expired, or a different epoch): the client must be told, never
     silently handed a gap. ``publications`` is then empty. ``position`` is the channel's
-    latest position.
+    latest position, None when the channel has none (never published to, or forgotten).
     """
 
     publications: tuple[Publication, ...]
     recovered: bool
-    position: Position
+    position: Position | None
 
 
 class Backend(Protocol):
@@ -116,11 +126,15 @@ class Backend(Protocol):
         """
         ...
 
-    async def history(self, app_id: str, channel: str, since: Position) -> HistoryResult:
-        """Publications after ``since`` (exclusive), oldest first.
+    async def history(
+        self, app_id: str, channel: str, since: Position, limit: int | None = None
+    ) -> HistoryResult:
+        """Publications after ``since`` (exclusive), oldest first: at most ``limit`` of
+        them (a page; read the next one after the last), or all with None.
 
         Only the last ``history_size`` publications of a channel are kept, and the whole
         history expires ``history_ttl`` seconds after the channel's last publication.
+        Like :meth:`latest` it creates nothing: anyone may ask about any channel.
 
         Raises:
             BackendUnavailable: the history cannot be read now.
@@ -138,10 +152,21 @@ class Backend(Protocol):
         ...
 
     async def presence_add(
-        self, app_id: str, channel: str, socket_id: str, member: PresenceMember
+        self,
+        app_id: str,
+        channel: str,
+        socket_id: str,
+        member: PresenceMember,
+        limit: int | None = None,
     ) -> bool:
         """Record a presence connection. True when ``member.user_id`` had no connection
-        on the channel before (on any node): a ``member_added`` must be sent."""
+        on the channel before (on any node): a ``member_added`` must be sent.
+
+        Raises:
+            PresenceFull: the user is new and the channel already has ``limit`` distinct
+                members (on all nodes, checked atomically with the addition); nothing
+                was recorded.
+        """
         ...
 
     async def presence_remove(

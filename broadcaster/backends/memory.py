@@ -26,6 +26,7 @@ from broadcaster.backends.base import (
     BackendUnavailable,
     ControlHandler,
     HistoryResult,
+    PresenceFull,
     PresenceMember,
     PublicationHandler,
 )
@@ -187,29 +188,46 @@ class MemoryBackend:
             self._deliver(publication)
         return position
 
-    async def history(self, app_id: str, channel: str, since: Position) -> HistoryResult:
-        stream = self._stream((app_id, channel))
+    async def history(
+        self, app_id: str, channel: str, since: Position, limit: int | None = None
+    ) -> HistoryResult:
+        stream = self._live_stream((app_id, channel))
+        if stream is None:
+            return HistoryResult((), recovered=False, position=None)
         latest = Position(stream.offset, stream.epoch)
         missed = stream.offset - since.offset
         if since.epoch != stream.epoch or missed < 0 or missed > len(stream.entries):
             return HistoryResult((), recovered=False, position=latest)
         kept = len(stream.entries)
-        return HistoryResult(tuple(islice(stream.entries, kept - missed, kept)), True, latest)
+        stop = kept if limit is None else min(kept, kept - missed + limit)
+        return HistoryResult(tuple(islice(stream.entries, kept - missed, stop)), True, latest)
 
     async def latest(self, app_id: str, channel: str) -> Position | None:
-        stream = self._streams.get((app_id, channel))
-        if stream is None or stream.meta_expires_at <= self._clock():
-            return None
-        return Position(stream.offset, stream.epoch)
+        stream = self._live_stream((app_id, channel))
+        return None if stream is None else Position(stream.offset, stream.epoch)
 
     async def position(self, app_id: str, channel: str) -> Position:
         stream = self._stream((app_id, channel))
         return Position(stream.offset, stream.epoch)
 
     async def presence_add(
-        self, app_id: str, channel: str, socket_id: str, member: PresenceMember
+        self,
+        app_id: str,
+        channel: str,
+        socket_id: str,
+        member: PresenceMember,
+        limit: int | None = None,
     ) -> bool:
-        presence = self._presence.setdefault((app_id, channel), _Presence())
+        # One synchronous step (no await): the limit check and the addition cannot be
+        # interleaved with another join.
+        presence = self._presence.get((app_id, channel))
+        if presence is None:
+            presence = self._presence[(app_id, channel)] = _Presence()
+        users = presence.users
+        if limit is not None and member.user_id not in users and len(users) >= limit:
+            if not presence.sockets:
+                del self._presence[(app_id, channel)]
+            raise PresenceFull(limit)
         previous = presence.sockets.get(socket_id)
         if previous is not None and previous.user_id == member.user_id:
             presence.sockets[socket_id] = member
@@ -290,6 +308,17 @@ class MemoryBackend:
         stream.expires_at = now + self.history_ttl
         stream.meta_expires_at = now + self.history_meta_ttl
         return stored, position
+
+    def _live_stream(self, key: _Key) -> _Stream | None:
+        """The channel's stream if it has one (read-only: creates nothing), its history
+        emptied when expired."""
+        now = self._clock()
+        stream = self._streams.get(key)
+        if stream is None or stream.meta_expires_at <= now:
+            return None
+        if stream.expires_at <= now:
+            stream.entries.clear()
+        return stream
 
     def _stream(self, key: _Key) -> _Stream:
         """The channel's live stream, created (with a new epoch) when missing or

@@ -48,6 +48,8 @@ from redis.asyncio.connection import AbstractConnection, Connection, parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, NoScriptError, RedisError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from broadcaster.backends import _lua
 from broadcaster.backends.base import (
@@ -55,6 +57,7 @@ from broadcaster.backends.base import (
     BackendUnavailable,
     ControlHandler,
     HistoryResult,
+    PresenceFull,
     PresenceMember,
     PublicationHandler,
 )
@@ -86,6 +89,9 @@ log = logging.getLogger(__name__)
 _ERRORS = (RedisError, OSError)
 _MAX_CONNECTIONS = 100  # to Redis, besides the pub/sub connection
 _POOL_WAIT = 10  # command timeouts a command may wait for a free connection
+_PROBE_INTERVAL = 1.0  # seconds between readiness PINGs (at once after a failed command)
+# Failures that mean Redis did not answer (rather than refused a command).
+_UNANSWERED = (RedisTimeoutError, RedisConnectionError, OSError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +322,17 @@ class RedisBackend:
             retry=Retry(NoBackoff(), 0),
         )
         self._client = Redis(connection_pool=pool)
+        # Its own connection, so that a PING measures Redis, not a busy pool.
+        self._prober = Redis.from_url(
+            url,
+            protocol=2,
+            single_connection_client=True,
+            socket_timeout=command_timeout,
+            socket_connect_timeout=connect_timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._responsive = True  # False from a failed command until a PING answers
+        self._suspect = asyncio.Event()
         self._ready = False
         self._stopped = True
         self._ever_connected = False
@@ -344,7 +361,10 @@ class RedisBackend:
 
     @property
     def ready(self) -> bool:
-        return self._ready
+        """True while connected and answering: a command that failed for want of an
+        answer (timeout, lost connection) makes it False at once, until a PING on a
+        connection of its own answers again (probed every ``probe_interval``)."""
+        return self._ready and self._responsive
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -372,6 +392,7 @@ class RedisBackend:
         self._tasks = [
             asyncio.create_task(self._supervise(), name="redis-backend-reader"),
             asyncio.create_task(self._heartbeat_forever(), name="redis-backend-heartbeat"),
+            asyncio.create_task(self._probe_forever(), name="redis-backend-probe"),
         ]
 
     async def stop(self) -> None:
@@ -398,6 +419,8 @@ class RedisBackend:
         await self._drop_pubsub()
         with contextlib.suppress(*_ERRORS):
             await self._client.connection_pool.disconnect()
+        with contextlib.suppress(*_ERRORS):
+            await self._prober.aclose()
         log.info("Redis backend of node %s stopped", self._node_id)
 
     # -- pub/sub --------------------------------------------------------------------------
@@ -544,9 +567,14 @@ class RedisBackend:
 
     # -- history --------------------------------------------------------------------------
 
-    async def history(self, app_id: str, channel: str, since: Position) -> HistoryResult:
-        reply = await self._history(app_id, channel, since, read=True)
-        position = Position(int(reply[1]), _text(reply[0]))
+    async def history(
+        self, app_id: str, channel: str, since: Position, limit: int | None = None
+    ) -> HistoryResult:
+        """See :meth:`broadcaster.backends.base.Backend.history` (reads only)."""
+        args = (since.offset, since.epoch, self.history_size, limit or 0)
+        reply = await self._run(_lua.HISTORY, app_id, channel, args, "read the history")
+        epoch = _text(reply[0])
+        position = Position(int(reply[1]), epoch) if epoch else None
         if not reply[2]:
             return HistoryResult((), recovered=False, position=position)
         publications = tuple(map(decode_publication, reply[3:]))
@@ -564,32 +592,42 @@ class RedisBackend:
         return Position(int(offset or 0), _text(epoch))
 
     async def position(self, app_id: str, channel: str) -> Position:
-        reply = await self._history(app_id, channel, Position(0, ""), read=False)
+        args = (_ms(self.history_meta_ttl), new_epoch())
+        reply = await self._run(_lua.POSITION, app_id, channel, args, "read a position")
         return Position(int(reply[1]), _text(reply[0]))
 
-    async def _history(
-        self, app_id: str, channel: str, since: Position, *, read: bool
+    async def _run(
+        self,
+        script: _lua.Script,
+        app_id: str,
+        channel: str,
+        args: tuple[str | int, ...],
+        action: str,
     ) -> list[Any]:
+        """Run a script on the channel's meta and stream keys."""
         self._check_ready()
         keys = (self._key(app_id, "meta", channel), self._key(app_id, "stream", channel))
-        args = (since.offset, since.epoch, self.history_size, _ms(self.history_meta_ttl))
         try:
-            reply: list[Any] = await _lua.HISTORY.run(
-                self._client, keys, (*args, new_epoch(), "1" if read else "0")
-            )
+            reply: list[Any] = await script.run(self._client, keys, args)
         except _ERRORS as exc:
-            raise self._failed("read the history", exc) from exc
+            raise self._failed(action, exc) from exc
         return reply
 
     # -- presence -------------------------------------------------------------------------
 
     async def presence_add(
-        self, app_id: str, channel: str, socket_id: str, member: PresenceMember
+        self,
+        app_id: str,
+        channel: str,
+        socket_id: str,
+        member: PresenceMember,
+        limit: int | None = None,
     ) -> bool:
         """See :meth:`broadcaster.backends.base.Backend.presence_add`.
 
         Raises:
             BackendUnavailable: Redis is unreachable; nothing was recorded.
+            PresenceFull: over ``limit`` (checked in the same script as the addition).
             ValueError: ``member.user_info`` is not JSON-serialisable.
         """
         self._check_ready()
@@ -601,12 +639,15 @@ class RedisBackend:
             added = await _lua.PRESENCE_ADD.run(
                 self._client,
                 (key, self._node_key),
-                (*args, _ms(self.node_ttl), self._node_id),
+                (*args, _ms(self.node_ttl), self._node_id, limit or 0),
             )
         except _ERRORS as exc:
             self._forget_local(key, socket_id)
             self._presence_dirty.add(key)
             raise self._failed("record a presence member", exc) from exc
+        if added == -1:
+            self._forget_local(key, socket_id)
+            raise PresenceFull(limit or 0)
         return bool(added)
 
     async def presence_remove(
@@ -776,7 +817,38 @@ class RedisBackend:
             )
 
     def _failed(self, action: str, exc: BaseException) -> BackendUnavailable:
+        if isinstance(exc, _UNANSWERED):
+            self._unanswered()
         return BackendUnavailable(f"could not {action} through Redis at {self.url}: {exc}")
+
+    def _unanswered(self) -> None:
+        """A command got no answer: not ready until a PING answers (probed now)."""
+        if self._responsive and self._ready:
+            log.warning("Redis at %s did not answer a command; not ready", self.url)
+        self._responsive = False
+        self._suspect.set()
+
+    async def _probe_forever(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_PROBE_INTERVAL):
+                    await self._suspect.wait()
+            self._suspect.clear()
+            if self._ready:
+                await self._probe()
+
+    async def _probe(self) -> None:
+        try:
+            async with asyncio.timeout(self.command_timeout):
+                await self._prober.ping()
+        except (TimeoutError, *_ERRORS) as exc:
+            if self._responsive:
+                log.warning("Redis at %s did not answer a PING (%s); not ready", self.url, exc)
+            self._responsive = False
+            return
+        if not self._responsive:
+            log.info("Redis at %s answers again; ready", self.url)
+        self._responsive = True
 
     # -- internals: connection ------------------------------------------------------------
 
@@ -814,6 +886,7 @@ class RedisBackend:
             await conn.disconnect(nowait=True)
             raise
         self._pong_at = asyncio.get_running_loop().time()
+        self._responsive = True  # it just answered
         self._ready = True
         if self._ever_connected:
             self.reconnects += 1

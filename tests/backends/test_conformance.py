@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from broadcaster.backends import BackendUnavailable, PresenceMember
+from broadcaster.backends.base import PresenceFull
 from broadcaster.publication import Position, Publication
 from tests.backends.conftest import BackendFactory
 from tests.backends.helpers import APP, OTHER_APP, Node, eventually, eventually_async
@@ -475,3 +476,56 @@ async def test_latest_reads_a_position_without_creating_one(
     assert await node.backend.latest(APP, "fresh") == handed_out
     published = await node.backend.publish(pub("fresh"))
     assert await node.backend.latest(APP, "fresh") == published
+
+
+async def test_history_of_an_unknown_channel_creates_nothing(
+    backend_factory: BackendFactory,
+) -> None:
+    """A resume names any channel it likes: reading its history must not make the
+    backend keep an epoch (a day) for a channel nobody published to."""
+    node = await backend_factory.node()
+    for since in (Position(0, "made-up"), Position(7, "other")):
+        result = await node.backend.history(APP, "never-used", since)
+        assert (result.recovered, result.publications, result.position) == (False, (), None)
+    assert await node.backend.latest(APP, "never-used") is None
+
+
+async def test_history_reads_page_by_page(backend_factory: BackendFactory) -> None:
+    node = await backend_factory.node()
+    start = await node.backend.position(APP, "chat")
+    positions = [await node.backend.publish(pub("chat", str(n))) for n in range(5)]
+
+    first = await node.backend.history(APP, "chat", start, limit=2)
+    assert [p.data for p in first.publications] == ["0", "1"]
+    assert first.recovered
+    assert first.position == positions[-1]
+    after = first.publications[-1].position
+    assert after is not None
+    rest = await node.backend.history(APP, "chat", after, limit=10)
+    assert [p.data for p in rest.publications] == ["2", "3", "4"]
+    assert rest.recovered
+
+
+async def test_the_presence_limit_holds_under_concurrent_joins(
+    backend_factory: BackendFactory,
+) -> None:
+    """150 users join at once through two nodes with a limit of 100: the check is part
+    of the addition (one atomic step), so exactly 100 get in."""
+    first, second = await two_nodes(backend_factory)
+
+    async def join(n: int) -> bool:
+        backend = (first, second)[n % 2].backend
+        member = PresenceMember(f"user-{n}", {"n": n})
+        try:
+            await backend.presence_add(APP, "presence-crowd", f"{n}.1", member, limit=100)
+        except PresenceFull:
+            return False
+        return True
+
+    joined = await asyncio.gather(*(join(n) for n in range(150)))
+    assert sum(joined) == 100
+    assert len(await first.backend.presence_members(APP, "presence-crowd")) == 100
+    again = PresenceMember("user-0" if joined[0] else f"user-{joined.index(True)}")
+    assert (
+        await second.backend.presence_add(APP, "presence-crowd", "9.9", again, limit=100) is False
+    )

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -21,7 +22,7 @@ from websockets.sync.client import connect
 
 from tests.conftest import ServerFactory
 from tests.frontend.proxy import CuttableProxy
-from tests.support import ServerProcess, free_port
+from tests.support import RedisServer, ServerProcess, free_port
 
 pytestmark = pytest.mark.browser
 
@@ -463,3 +464,60 @@ def test_a_second_run_whose_first_run_left_the_history_is_filled_and_in_sync(
         screenshot(late, artifacts, "second-run-from-snapshot")
     finally:
         context.close()
+
+
+WATCH_CONNECTION = """() => {
+  window.watched = {states: [], errors: []};
+  const connection = window.dashboard.pusher.connection;
+  connection.bind("state_change", ({current}) => window.watched.states.push(current));
+  connection.bind("error", (e) => window.watched.errors.push(e?.data?.code ?? null));
+}"""
+
+
+def _wait_until(page: Page, condition: str, what: str) -> None:
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while not page.evaluate(condition):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}: {diagnostics(page)}")
+        page.wait_for_timeout(50)
+
+
+@pytest.mark.redis
+def test_the_page_resumes_after_its_history_read_failed_while_redis_was_frozen(
+    page: Page, server_factory: ServerFactory, redis_factory: Callable[[], RedisServer]
+) -> None:
+    """The page reconnects while Redis does not answer: its resume's history read times
+    out and the server closes with 4100 (not a silent unsubscribe); pusher-js retries
+    by itself, and once Redis answers the page resumes (recovered) and is live again."""
+    redis = redis_factory()
+    server = server_factory(
+        "--demo", "--backend", redis.url, "--history-read-timeout", "1", "--log-level", "warning"
+    )
+    proxy = CuttableProxy(int(server.url.rsplit(":", 1)[1]))
+    try:
+        start_run(page, proxy.url, "What is the weather in Lima?")
+        expect(page.locator("#reconcile")).to_have_attribute(
+            "data-state", "in_sync", timeout=WAIT_MS
+        )
+        resumes_before = len(page.evaluate("window.dashboard.resumes"))
+        page.evaluate(WATCH_CONNECTION)
+        connection = page.get_by_role("status", name="Connection")
+        assert redis.proc is not None
+        redis.proc.send_signal(signal.SIGSTOP)
+        try:
+            assert proxy.cut() > 0
+            _wait_until(page, "window.watched.errors.includes(4100)", "a 4100 from the server")
+            assert len(page.evaluate("window.dashboard.resumes")) == resumes_before
+        finally:
+            redis.proc.send_signal(signal.SIGCONT)
+        expect(connection).to_contain_text("Live", timeout=WAIT_MS)
+        expect(connection).to_contain_text(re.compile(r"history recovered"), timeout=WAIT_MS)
+        # Reconnected after the cut, and again (by itself) after the 4100.
+        assert page.evaluate("window.watched.states").count("connecting") >= 2
+        resumes = page.evaluate("window.dashboard.resumes")
+        assert resumes[-1]["recovered"], diagnostics(page)
+        assert not resumes[-1]["initial"], diagnostics(page)
+        expect(page.locator("#timeline > li.step")).to_have_count(STEPS)
+        expect(page.get_by_label("Run status")).to_have_text("completed")
+    finally:
+        proxy.close()

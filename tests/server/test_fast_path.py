@@ -49,9 +49,11 @@ class RacingBackend(MemoryBackend):
     """A memory backend where a publication lands while a resuming subscriber's history
     is being read: it is both delivered live and part of the history returned."""
 
-    async def history(self, app_id: str, channel: str, since: Position) -> HistoryResult:
+    async def history(
+        self, app_id: str, channel: str, since: Position, limit: int | None = None
+    ) -> HistoryResult:
         await self.publish(Publication(app_id, channel, "during", '"racing"'))
-        return await super().history(app_id, channel, since)
+        return await super().history(app_id, channel, since, limit)
 
 
 async def test_resume_has_no_duplicate_and_no_gap_at_the_seam(

@@ -1,0 +1,247 @@
+"""Resume and readiness when Redis freezes (SIGSTOP of a private redis-server).
+
+- ``/ready`` follows what publishes see: it answers 503 within a few seconds of a freeze
+  (a command without an answer, or the readiness PING, flips it) and 200 again once
+  Redis answers.
+- A resume whose history read fails is not a silent unsubscribe: the server closes the
+  connection with 4100, pusher-js reconnects after its back-off, subscribes again from
+  its position, and once Redis answers gets every publication it missed, in order, then
+  ``recovered: true``.
+- Concurrent resumes share a bounded number of history reads: one waiting longer than
+  ``history_read_timeout`` is told to come back (4100), the others are served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from broadcaster.backends.base import HistoryResult
+from broadcaster.backends.memory import MemoryBackend
+from broadcaster.publication import Position
+from tests.conftest import ServerFactory
+from tests.reliability.helpers import WS_PATH, eventually, publish, report, status
+from tests.server.conftest import APP_ID, KEY, Client, StartServer
+from tests.support import IN_CI, REPO, RedisServer, ServerProcess, require_binary
+
+CHANNEL = "agent.resume-fault"
+NODE_DIR = REPO / "tests" / "node"
+
+
+@contextmanager
+def frozen(redis: RedisServer) -> Iterator[None]:
+    """Redis stops answering (SIGSTOP) until the block ends (SIGCONT)."""
+    assert redis.proc is not None
+    redis.proc.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        redis.proc.send_signal(signal.SIGCONT)
+
+
+# -- /ready during a freeze ---------------------------------------------------------------
+
+
+@pytest.mark.redis
+async def test_ready_turns_503_while_redis_is_frozen_and_200_after(
+    server_factory: ServerFactory, redis_factory: Callable[[], RedisServer]
+) -> None:
+    redis = redis_factory()
+    server = server_factory("--backend", redis.url, "--log-level", "warning")
+    server.wait_ready()
+    assert await answers(server, 200)
+    with frozen(redis):
+        began = time.monotonic()
+        await eventually(lambda: answers(server, 503), "/ready to answer 503")
+        flipped = time.monotonic() - began
+        async with httpx.AsyncClient(timeout=10) as http:
+            refused = await publish(http, server.url, CHANNEL, "e", "{}")
+        assert refused.status_code == 503
+    began = time.monotonic()
+    await eventually(lambda: answers(server, 200), "/ready to answer 200")
+    report(
+        "ready_during_freeze",
+        seconds_to_503=round(flipped, 2),
+        seconds_to_200_after_thaw=round(time.monotonic() - began, 2),
+    )
+
+
+async def answers(server: ServerProcess, code: int) -> bool:
+    return await status(server.url, "/ready") == code
+
+
+# -- pusher-js and a failed history read --------------------------------------------------
+
+
+class ResumeClient:
+    """tests/node/resume_client.mjs as a child process, its JSON lines in a queue."""
+
+    def __init__(self, server: ServerProcess, epoch: str) -> None:
+        node = require_binary("node")
+        if not (NODE_DIR / "node_modules" / "pusher-js").is_dir():
+            message = "pusher-js is not installed: run scripts/install --test"
+            if IN_CI:
+                pytest.fail(message)
+            pytest.skip(message)
+        url = urlsplit(server.url)
+        args = [node, "resume_client.mjs", str(url.hostname), str(url.port), KEY, epoch, CHANNEL]
+        self.proc = subprocess.Popen(
+            args,
+            cwd=NODE_DIR,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.seen: list[dict[str, Any]] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                self.lines.put(json.loads(line))
+            except ValueError:
+                self.lines.put({"type": "output", "text": line})
+
+    async def wait_for(
+        self, match: Callable[[dict[str, Any]], bool], what: str, within: float = 20
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            try:
+                record = self.lines.get_nowait()
+            except queue.Empty:
+                await asyncio.sleep(0.02)
+                continue
+            self.seen.append(record)
+            if match(record):
+                return record
+        raise TimeoutError(f"pusher-js never reported {what}; it said: {self.seen}")
+
+    def stop(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.reader.join(10)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+
+
+@pytest.mark.redis
+@pytest.mark.node
+async def test_pusher_js_resumes_after_a_history_read_fails(
+    server_factory: ServerFactory, redis_factory: Callable[[], RedisServer]
+) -> None:
+    """Redis freezes while pusher-js resumes: the history read times out, the server
+    closes with 4100 (not a bare pusher:error that pusher-js ignores), pusher-js
+    reconnects and resubscribes from its position, and after the thaw it gets all it
+    missed, in order, then ``recovered: true``."""
+    redis = redis_factory()
+    server = server_factory(
+        "--backend", redis.url, "--history-read-timeout", "1", "--log-level", "warning"
+    )
+    server.wait_ready()
+    missed = 20
+    watcher = await Client.connect(server.ws_url + WS_PATH)
+    await watcher.subscribe(CHANNEL)
+    async with httpx.AsyncClient(timeout=10) as http:
+        for n in range(missed):
+            answer = await publish(http, server.url, CHANNEL, "seq", json.dumps({"n": n}))
+            assert answer.status_code == 200
+    first = await watcher.expect("seq")
+    await watcher.close()
+    epoch = Position.parse(first["position"]).epoch
+
+    client: ResumeClient | None = None
+    try:
+        with frozen(redis):
+            client = ResumeClient(server, epoch)
+            await client.wait_for(lambda r: r.get("current") == "connected", "a connection")
+            # The history read fails: pusher-js must notice (here: the close makes it
+            # reconnect), not stay "subscribed" to a channel that delivers nothing.
+            await client.wait_for(
+                lambda r: r.get("current") in ("connecting", "unavailable"), "a reconnection"
+            )
+        resume = await client.wait_for(lambda r: r["type"] == "resume", "a resume answer")
+        received = [r["n"] for r in client.seen if r["type"] == "event"]
+        assert resume["data"]["recovered"] is True
+        assert received == list(range(missed))
+        states = [r["current"] for r in client.seen if r["type"] == "state"]
+        report("resume_history_read_failed", missed=missed, delivered=len(received), states=states)
+    finally:
+        if client is not None:
+            client.stop()
+
+
+# -- bounded concurrent history reads ------------------------------------------------------
+
+
+class SlowHistory(MemoryBackend):
+    """History reads that take a while, counting how many run at once."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+        self.running = 0
+        self.most = 0
+
+    async def history(
+        self, app_id: str, channel: str, since: Position, limit: int | None = None
+    ) -> HistoryResult:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await asyncio.sleep(self.delay)
+            return await super().history(app_id, channel, since, limit)
+        finally:
+            self.running -= 1
+
+
+async def test_concurrent_resumes_share_a_bounded_number_of_history_reads(
+    start_server: StartServer,
+) -> None:
+    """Eight clients resume at once with max_history_reads=2 and reads of at least
+    0.4 s: never more than two reads run together, the first ones recover, and the last
+    pair, whose turn cannot end within history_read_timeout (1.5 s), is closed with 4100
+    (pusher-js comes back after a back-off) rather than left waiting or unsubscribed."""
+    backend = SlowHistory(delay=0.4)
+    live = await start_server(backend_object=backend, max_history_reads=2, history_read_timeout=1.5)
+    start = await backend.position(APP_ID, CHANNEL)
+    await live.node.publish(APP_ID, [CHANNEL], "seq", json.dumps({"n": 0}))
+
+    async def resume() -> str:
+        client = await Client.connect(live.app_url())
+        await client.send("pusher:subscribe", {"channel": CHANNEL, "position": str(start)})
+        try:
+            while True:
+                message = await client.recv(within=10)
+                if message["event"] == "broadcaster:resume":
+                    return "recovered" if message["data"]["recovered"] else "not recovered"
+                if message["event"] == "pusher:error":
+                    code = await client.closed_with()
+                    return f"closed {code}"
+        finally:
+            await client.close()
+
+    outcomes = await asyncio.gather(*(resume() for _ in range(8)))
+    assert backend.most == 2
+    assert set(outcomes) == {"recovered", "closed 4100"}, outcomes
