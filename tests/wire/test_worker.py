@@ -24,19 +24,24 @@ PREFIX = "wire-worker"
 
 
 class WorkerProcess:
-    def __init__(self, redis_url: str) -> None:
-        args = ["--redis", redis_url, "--redis-prefix", PREFIX, "--concurrency", "4"]
+    """``python -m agent_core.worker`` in a child process (ready when it says so)."""
+
+    def __init__(
+        self, redis_url: str, prefix: str = PREFIX, env: dict[str, str] | None = None
+    ) -> None:
+        args = ["--redis", redis_url, "--redis-prefix", prefix, "--concurrency", "4"]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "agent_core.worker", *args],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         self.lines: list[str] = []
         self.ready = threading.Event()
-        threading.Thread(target=self._drain, daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()
 
     def _drain(self) -> None:
         assert self.proc.stdout is not None
@@ -45,18 +50,33 @@ class WorkerProcess:
             if line.startswith("agent-worker ready"):
                 self.ready.set()
 
+    def started(self) -> WorkerProcess:
+        assert self.ready.wait(20), "".join(self.lines)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash (or the OOM killer) would."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self._close()
+
     def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait(15)
+        self._close()
+        return code
+
+    def _close(self) -> None:
+        self._drainer.join(10)
         assert self.proc.stdout is not None
         self.proc.stdout.close()
-        return code
 
 
 @pytest.fixture
 def worker(redis_server: RedisServer) -> Iterator[WorkerProcess]:
-    process = WorkerProcess(redis_server.url)
-    assert process.ready.wait(20), "".join(process.lines)
+    process = WorkerProcess(redis_server.url).started()
     yield process
     process.stop()
 
