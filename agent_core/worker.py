@@ -583,6 +583,10 @@ class Worker:
             logger.error("dropping malformed run %s (%s)", run_id, exc)
             self._slots.release()
             return
+        except (RedisError, OSError) as exc:  # it ends failed after its queue timeout
+            logger.error("cannot take run %s (%s)", run_id, exc)
+            self._slots.release()
+            return
         except BaseException:
             self._slots.release()
             raise

@@ -12,8 +12,10 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import httpx
 import pytest
+from redis.asyncio import Redis
 
 from tests.conftest import ServerFactory
+from tests.reliability.helpers import eventually
 from tests.server.conftest import Client
 from tests.support import REPO, RedisServer
 from tests.wire.test_runs import read_run, start_run, subscribe
@@ -135,3 +137,32 @@ async def test_the_session_is_busy_across_processes_until_the_worker_is_done(
 def test_queue_mode_needs_the_redis_backend(server_factory: ServerFactory) -> None:
     with pytest.raises(RuntimeError, match="needs the Redis backend"):
         server_factory("--demo", env={"AGENT_DEMO_RUN_MODE": "queue"})
+
+
+async def test_a_completed_queued_run_leaves_no_bookkeeping_in_redis(
+    server_factory: ServerFactory,
+    redis_server: RedisServer,
+    worker: WorkerProcess,
+    clients: Connect,
+) -> None:
+    """Only the final state and the channel's history (both expiring) stay behind."""
+    common = ("--backend", redis_server.url, "--redis-prefix", PREFIX)
+    web = server_factory("--demo", *common, env={"AGENT_DEMO_RUN_MODE": "queue"})
+    client = await clients(f"{web.ws_url}/app/agent-key?protocol=7")
+    run = await start_run(web.url)
+    await subscribe(client, run["channel"], run["position"])
+    await read_run(client)
+    redis = Redis.from_url(redis_server.url)
+    try:
+
+        async def bookkeeping() -> list[str]:
+            names = [k.decode() async for k in redis.scan_iter(f"{PREFIX}:1:*")]
+            return [n for n in names if ":run" in n or ":claim:" in n or ":client-runs:" in n]
+
+        await eventually(lambda: _empty(bookkeeping), "the worker to finish the run")
+    finally:
+        await redis.aclose()
+
+
+async def _empty(keys: Callable[[], Awaitable[list[str]]]) -> bool:
+    return await keys() == []
