@@ -3,6 +3,7 @@ a client on yet another server process follows the run and reconciles it."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -14,6 +15,9 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
+from agent_core.runs import RunRequest
+from agent_core.worker import RunQueue, Worker
+from broadcaster.publishers import state_key
 from tests.conftest import ServerFactory
 from tests.reliability.helpers import eventually
 from tests.server.conftest import Client
@@ -166,3 +170,34 @@ async def test_a_completed_queued_run_leaves_no_bookkeeping_in_redis(
 
 async def _empty(keys: Callable[[], Awaitable[list[str]]]) -> bool:
     return await keys() == []
+
+
+async def test_a_worker_that_lost_its_lease_stops_the_run(redis_server: RedisServer) -> None:
+    """Its run was ended as abandoned (here: the lease is taken away, as a reaper does
+    once the worker stalled past it): the worker stops it instead of publishing on."""
+    prefix = "wire-lost-lease"
+    redis = Redis.from_url(redis_server.url)
+
+    async def no_position(channel: str) -> None:
+        return None
+
+    queue = RunQueue(Redis.from_url(redis_server.url), "1", no_position, prefix=prefix)
+    worker = Worker(redis, "1", prefix=prefix, lease=0.6)
+    stop = asyncio.Event()
+    consuming = asyncio.create_task(worker.run_forever(stop))
+    try:
+        run = await queue.start(RunRequest(input="Weather in Oslo?", pace_ms=300))
+        takers = f"{prefix}:1:run-takers"
+        await eventually(lambda: redis.hlen(takers), "the worker to take the run")
+        run_id = (await redis.hkeys(takers))[0]
+        await redis.zrem(f"{prefix}:1:run-leases", run_id)
+
+        await eventually(lambda: worker.completed == 1, "the worker to stop the run")
+        state = await redis.get(f"{prefix}:1:value:{state_key(run.channel)}")
+        assert state is None, "the run was stopped before its end"
+        assert await redis.exists(f"{prefix}:1:claim:run:{run.session_id}") == 0
+    finally:
+        stop.set()
+        await consuming
+        await queue.aclose()
+        await redis.aclose()
