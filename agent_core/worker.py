@@ -304,7 +304,10 @@ class Reaper:
                 _REAP, 4, keys.leases, keys.jobs, keys.takers, keys.queue, REAP_BATCH
             )
             for raw, taker in zip(found[::2], found[1::2], strict=True):
-                await self._end(_bytes(raw), _bytes(taker).decode())
+                try:
+                    await self._end(_bytes(raw), _bytes(taker).decode())
+                except Exception:  # the others must still end
+                    logger.exception("cannot end an abandoned run")
                 ended += 1
             if len(found) < 2 * REAP_BATCH:
                 break
@@ -325,19 +328,21 @@ class Reaper:
         else:
             reason = "no worker took this run within the queue timeout"
         logger.warning("ending run %s of session %s: %s", job.run_id, job.handle.session_id, reason)
-        await end_abandoned(
-            self._publisher,
-            self._states,
-            job.handle,
-            job.request,
-            reason,
-            load_snapshot=lambda channel: _load_snapshot(
-                self.redis, self.prefix, self.app_id, channel
-            ),
-            state_url=f"/api/sessions/{job.handle.session_id}/state",
-        )
-        await self._publisher.flush()
-        await _finish(self.redis, self._keys, job)
+        try:
+            await end_abandoned(
+                self._publisher,
+                self._states,
+                job.handle,
+                job.request,
+                reason,
+                load_snapshot=lambda channel: _load_snapshot(
+                    self.redis, self.prefix, self.app_id, channel
+                ),
+                state_url=f"/api/sessions/{job.handle.session_id}/state",
+            )
+            await self._publisher.flush()
+        finally:
+            await _finish(self.redis, self._keys, job)
 
     async def run_forever(self, interval: float, stop: asyncio.Event | None = None) -> None:
         """Reap every ``interval`` seconds until ``stop`` is set (or cancelled)."""
