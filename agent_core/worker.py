@@ -707,6 +707,7 @@ async def _serve(settings: WorkerSettings) -> None:
 @click.option("--app-id", help="app whose channels the runs publish on [1]")
 @click.option("--concurrency", type=int, help="runs at the same time [8]")
 @click.option("--driver", help="scripted | openai [scripted]")
+@click.option("--lease", type=float, help="seconds a hold on a run lasts unless renewed [15]")
 def main(**options: Any) -> None:
     """Run queued agent runs (the Procfile's `worker`)."""
     given = {k: v for k, v in options.items() if v is not None}
