@@ -88,7 +88,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from agent_core.runs import RunHandle, RunRequest, SessionBusy
+from agent_core.runs import RunHandle, RunRefused, RunRequest, SessionBusy
 from broadcaster import envelope as env
 from broadcaster.backends.base import BackendUnavailable
 from broadcaster.http_input import BodyRefused, describe_validation, read_body, validation_details
@@ -345,7 +345,7 @@ def _millis(timestamp: str) -> int:
 
 
 class _Runs(Protocol):
-    async def start(self, request: RunRequest) -> RunHandle: ...
+    async def start(self, request: RunRequest, client: str | None = None) -> RunHandle: ...
 
 
 class _Settings(Protocol):
@@ -405,9 +405,12 @@ async def _run(host: Host, request: Request) -> Response:
         if refused is not None:
             return refused
         assert host.runs is not None, "the lifespan starts the runs"
-        handle = await host.runs.start(wanted)
+        client = None if request.client is None else request.client.host
+        handle = await host.runs.start(wanted, client)
     except SessionBusy as exc:
         return _error(409, str(exc), session_id=exc.session_id)
+    except RunRefused as exc:  # per-client limits, a full node or queue
+        return JSONResponse(exc.answer, status_code=exc.status, headers=exc.headers)
     except (BackendUnavailable, RedisError, OSError) as exc:
         return _error(503, f"cannot start the run now: {exc}")
     return _stream(host, agent_input.run_id, handle)

@@ -167,14 +167,17 @@ class EnvelopeEmitter:
         """Publish the envelopes of one (non-chunk) event; the caller holds the lock."""
         raise NotImplementedError
 
-    async def fail(self, message: str) -> None:
+    async def fail(self, message: str, state_url: str | None = None) -> None:
         """Publish a final ``failed`` status for a run that ended without one (it
-        crashed outside the loop), unless the run already ended."""
+        crashed outside the loop, or its worker died), unless the run already ended.
+        ``state_url``: where a final state was stored, if one was."""
         if self.finished:
             return
         async with self._lock:
             await self._flush_chunks(complete=False)
-            payload = env.StatusPayload(status="failed", error_message=message, stop_reason="error")
+            payload = env.StatusPayload(
+                status="failed", error_message=message, stop_reason="error", state_url=state_url
+            )
             self.finished = True
             await self._publish(env.AgentStatus(**self._ids(), payload=payload))
 

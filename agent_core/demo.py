@@ -39,7 +39,15 @@ from starlette.staticfiles import StaticFiles
 
 from agent_core import agui
 from agent_core.demo_routing import demo_parts
-from agent_core.runs import RunManager, RunRequest, RunStarter, SessionBusy
+from agent_core.runs import (
+    BackendClaims,
+    ClientRateLimit,
+    RunManager,
+    RunRefused,
+    RunRequest,
+    RunStarter,
+    SessionBusy,
+)
 from agent_core.worker import RunQueue
 from broadcaster._text import excerpt
 from broadcaster.backends import BackendUnavailable
@@ -87,6 +95,34 @@ class DemoSettings(BaseSettings):
         description="the mode of a POST /run that names none: agent (the tool-using "
         "agent) or route (the capability router, seed 002)",
     )
+    max_runs: int = Field(
+        default=1000, ge=1, description="runs at once on this node (local mode); more: 503"
+    )
+    run_lease: float = Field(
+        default=15.0,
+        ge=0.3,
+        le=3600,
+        description="seconds a running session's claim lasts unless renewed (every third "
+        "of it); a dead node's sessions are free again after it. Queue mode: this node "
+        "looks for runs of dead workers every third of it",
+    )
+    client_runs: int = Field(
+        default=10, ge=0, description="runs at once per client address (0: no limit); more: 429"
+    )
+    client_run_rate: float = Field(
+        default=60.0, ge=0, description="runs a minute per client address (0: no limit)"
+    )
+    client_run_burst: int = Field(
+        default=30, ge=1, description="runs a client address may start in a row"
+    )
+    queue_max: int = Field(
+        default=1000, ge=1, description="runs waiting for a worker (queue mode); more: 503"
+    )
+    queue_timeout: float = Field(
+        default=600.0,
+        gt=0,
+        description="seconds a queued run may wait for a worker before it ends failed",
+    )
 
 
 @dataclass
@@ -123,15 +159,27 @@ class _Demo:
     def _queue(self) -> RunQueue:
         from redis.asyncio import Redis
 
-        settings = self.node.settings
-        return RunQueue(
+        settings, demo = self.node.settings, self.settings
+        queue = RunQueue(
             Redis.from_url(settings.backend, socket_connect_timeout=5, socket_timeout=5),
             self.app.id,
             self._position,
             prefix=settings.redis_prefix,
             channel_for_session=self.channel_for_session,
             default_mode=self.settings.run_default_mode,
+            queue_max=demo.queue_max,
+            queue_timeout=demo.queue_timeout,
+            lease=demo.run_lease,
+            client_runs=demo.client_runs,
+            client_rate=self._client_rate(),
+            state_ttl=demo.state_ttl,
         )
+        queue.start_reaping()
+        return queue
+
+    def _client_rate(self) -> ClientRateLimit | None:
+        rate = self.settings.client_run_rate
+        return ClientRateLimit(rate, self.settings.client_run_burst) if rate else None
 
     def _local(self) -> RunManager:
         backend, app_id = self.node.backend, self.app.id
@@ -150,6 +198,11 @@ class _Demo:
             load_snapshot=load,
             position_of=self._position,
             channel_for_session=self.channel_for_session,
+            max_runs=self.settings.max_runs,
+            claims=BackendClaims(backend, app_id),
+            lease=self.settings.run_lease,
+            client_runs=self.settings.client_runs,
+            client_rate=self._client_rate(),
         )
 
 
@@ -192,6 +245,17 @@ def _error(status: int, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": message, **extra}, status_code=status)
 
 
+def refusal(exc: RunRefused) -> JSONResponse:
+    """429 or 503 with ``Retry-After`` for a run that may be retried later."""
+    return JSONResponse(exc.answer, status_code=exc.status, headers=exc.headers)
+
+
+def client_address(request: Request) -> str | None:
+    """The address per-client limits count: the peer's, or the one a trusted proxy
+    gave (uvicorn's ``--forwarded-allow-ips``, by default only a proxy on loopback)."""
+    return None if request.client is None else request.client.host
+
+
 def _config(demo: _Demo) -> Any:
     async def config(request: Request) -> Response:
         return JSONResponse(
@@ -224,9 +288,11 @@ def _run(demo: _Demo) -> Any:
             refused = await _private_refusal(demo, request, run_request.session_id)
             if refused is not None:
                 return refused
-            handle = await demo.runs.start(run_request)
+            handle = await demo.runs.start(run_request, client_address(request))
         except SessionBusy as exc:
             return _error(409, str(exc), session_id=exc.session_id)
+        except RunRefused as exc:
+            return refusal(exc)
         except (BackendUnavailable, RedisError, OSError) as exc:
             return _error(503, f"cannot start the run now: {exc}")
         answer: dict[str, Any] = {

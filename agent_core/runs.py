@@ -19,6 +19,12 @@ against).
 
 The manager does not know the demo: its composition root passes the agent's driver
 factory and tools, and the router factory (:mod:`agent_core.demo_routing`).
+
+Admission, in order: the session must be free (:class:`SessionBusy`, 409; with
+``claims`` the session is claimed in the backend, a lease renewed while the run goes,
+so this holds across nodes), the node must have room (:class:`RunsFull`, 503), and the
+client (its address) must be under its concurrency and rate limits
+(:class:`TooManyRuns`, 429). Refusals carry ``retry_after`` seconds.
 """
 
 from __future__ import annotations
@@ -26,16 +32,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from typing import Any, Literal, Protocol
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent_core._time import utc_now
 from agent_core.broadcasting import AdapterOptions, AgentEventAdapter
 from agent_core.builder import DEFAULT_MAX_STEPS, AgentBuilder
+from agent_core.continuation import (
+    ContinuationDecision,
+    ContinuationEvaluation,
+    ContinuationOutcome,
+    StopReason,
+)
 from agent_core.drivers.base import ModelDriver, ModelRequest, StreamEvent
 from agent_core.messages import Role
 from agent_core.orchestration_broadcasting import OrchestrationEventAdapter
@@ -43,27 +59,36 @@ from agent_core.process_serialization import SlimProcessStateSerializer
 from agent_core.routing import CapabilityRouter, RoutingState
 from agent_core.session import SessionContext, SessionMemory, SessionTurn
 from agent_core.slim import SlimAgentStateSerializer, SlimSerializationConfig
-from agent_core.state import AgentState
+from agent_core.state import AgentState, AgentStatus
 from agent_core.tools import Tool
+from broadcaster.backends.base import Backend
 from broadcaster.envelope import channel_for
 from broadcaster.publishers import Publisher, StateStore
 
 __all__ = [
     "ROUTE_MEMORY_TURNS",
     "SESSION_ID_PATTERN",
+    "BackendClaims",
+    "ClientRateLimit",
     "DriverFactory",
     "PacedDriver",
     "RouterFactory",
     "RunHandle",
     "RunManager",
     "RunMode",
+    "RunRefused",
     "RunRequest",
     "RunStarter",
+    "RunsFull",
     "SessionBusy",
+    "SessionClaims",
+    "TooManyRuns",
     "ToolsFactory",
+    "end_abandoned",
     "new_execution_id",
     "new_session_id",
     "resolve_mode",
+    "run_claim",
     "snapshot_config",
 ]
 
@@ -135,9 +160,11 @@ class RunHandle:
 
 
 class RunStarter(Protocol):
-    """What ``POST /run`` needs: start a run and say where its final state will be."""
+    """What ``POST /run`` needs: start a run and say where its final state will be.
+    ``client`` (the caller's address) is what per-client limits count; None: no
+    per-client limits."""
 
-    async def start(self, request: RunRequest) -> RunHandle: ...
+    async def start(self, request: RunRequest, client: str | None = None) -> RunHandle: ...
 
     def state_url(self, session_id: str) -> str: ...
 
@@ -153,6 +180,143 @@ class SessionBusy(Exception):
             "agent.status before starting another"
         )
         self.session_id = session_id
+
+
+class RunRefused(Exception):
+    """No run was started, for a reason that passes: retry after ``retry_after``
+    seconds (whole, at least 1; the ``Retry-After`` header). ``status`` is the HTTP
+    status that says so."""
+
+    status = 503
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = max(1, math.ceil(retry_after))
+
+    @property
+    def answer(self) -> dict[str, str | int]:
+        """The JSON body of the refusal."""
+        return {"error": str(self), "retry_after": self.retry_after}
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
+
+class TooManyRuns(RunRefused):
+    """This client started too many runs (at once, or too fast)."""
+
+    status = 429
+
+
+class RunsFull(RunRefused):
+    """The node (or the run queue) is full."""
+
+    status = 503
+
+
+BUSY_RETRY_AFTER = 5.0
+"""Seconds a client over its concurrency limit is told to wait (a run's end cannot be
+predicted)."""
+
+
+@dataclass
+class ClientRateLimit:
+    """Runs a client may start: ``burst`` at once, then ``per_minute`` (a token bucket
+    per client). Remembers at most ``max_clients`` clients: full buckets are forgotten
+    first (they are the same as none), then the least recently used.
+
+    Raises:
+        ValueError: for a non-positive rate or burst.
+    """
+
+    per_minute: float
+    burst: int
+    max_clients: int = 10_000
+    clock: Callable[[], float] = time.monotonic
+    _buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (self.per_minute > 0 and self.burst >= 1 and self.max_clients >= 1):
+            raise ValueError(
+                "need per_minute > 0, burst >= 1 and max_clients >= 1, got "
+                f"{self.per_minute!r}, {self.burst!r} and {self.max_clients!r}"
+            )
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def take(self, client: str) -> None:
+        """Spend one run of ``client``'s allowance.
+
+        Raises:
+            TooManyRuns: none is left; ``retry_after`` says when one will be.
+        """
+        now = self.clock()
+        tokens = self._tokens(client, now)
+        if tokens < 1:
+            wait = (1 - tokens) * 60 / self.per_minute
+            raise TooManyRuns(
+                f"too many runs from {client}: at most {self.burst} in a row, then "
+                f"{self.per_minute:g} a minute; retry in {math.ceil(wait)} s",
+                wait,
+            )
+        self._buckets.pop(client, None)  # re-inserted last: least recently used first
+        self._buckets[client] = (tokens - 1, now)
+        if len(self._buckets) > self.max_clients:
+            self._forget(now)
+
+    def refund(self, client: str) -> None:
+        """Give back a run taken by :meth:`take` that did not start."""
+        found = self._buckets.get(client)
+        if found is not None:
+            self._buckets[client] = (min(found[0] + 1, float(self.burst)), found[1])
+
+    def _tokens(self, client: str, now: float) -> float:
+        found = self._buckets.get(client)
+        if found is None:
+            return float(self.burst)
+        tokens, stamp = found
+        return min(float(self.burst), tokens + (now - stamp) * self.per_minute / 60)
+
+    def _forget(self, now: float) -> None:
+        for client in [c for c in self._buckets if self._tokens(c, now) >= self.burst]:
+            del self._buckets[client]
+        if len(self._buckets) > self.max_clients:
+            # Down to 90%, so that this scan runs at most once per max_clients/10 takes.
+            for client in list(
+                islice(self._buckets, len(self._buckets) - self.max_clients * 9 // 10)
+            ):
+                del self._buckets[client]
+
+
+def run_claim(session_id: str) -> str:
+    """The claim key of a session's run, in the backend (the same in every run mode)."""
+    return f"run:{session_id}"
+
+
+class SessionClaims(Protocol):
+    """Claims on sessions shared by every node (leases: renewed while held)."""
+
+    async def claim(self, session_id: str, owner: str, ttl: float) -> bool:
+        """Claim or renew; False when another owner holds the session."""
+        ...
+
+    async def release(self, session_id: str, owner: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class BackendClaims:
+    """:class:`SessionClaims` in a node's backend (Redis: every node sees them)."""
+
+    backend: Backend
+    app_id: str
+
+    async def claim(self, session_id: str, owner: str, ttl: float) -> bool:
+        return await self.backend.claim_value(self.app_id, run_claim(session_id), owner, ttl)
+
+    async def release(self, session_id: str, owner: str) -> None:
+        await self.backend.release_value(self.app_id, run_claim(session_id), owner)
 
 
 class PacedDriver:
@@ -194,6 +358,7 @@ def _claimed() -> asyncio.Future[AgentState | None]:
 class _Run:
     handle: RunHandle
     task: asyncio.Future[AgentState | None]
+    client: str | None = None
 
 
 @dataclass
@@ -213,7 +378,11 @@ class RunManager:
             conversation).
         channel_for_session: the channel of a session (``agent.<s>`` or a private one).
         position_of: reads a channel's current position (for :attr:`RunHandle.position`).
-        max_runs: concurrent runs allowed (further ones are refused as busy).
+        max_runs: concurrent runs allowed on this node (further ones: :class:`RunsFull`).
+        claims: where sessions are claimed across nodes (None: in this process only).
+        lease: seconds a claim lasts unless renewed (every third of it while running).
+        client_runs: concurrent runs one client may have here (0: no limit).
+        client_rate: how fast one client may start runs (None: no limit).
     """
 
     publisher: Publisher
@@ -227,35 +396,124 @@ class RunManager:
     channel_for_session: Callable[[str], str] = channel_for
     position_of: PositionReader | None = None
     max_runs: int = 1000
+    claims: SessionClaims | None = None
+    lease: float = 15.0
+    client_runs: int = 0
+    client_rate: ClientRateLimit | None = None
     _runs: dict[str, _Run] = field(default_factory=dict)
+    _client_counts: dict[str, int] = field(default_factory=dict)
     _serializer: SlimAgentStateSerializer = field(
         default_factory=lambda: SlimAgentStateSerializer(snapshot_config())
     )
 
-    async def start(self, request: RunRequest) -> RunHandle:
+    async def start(self, request: RunRequest, client: str | None = None) -> RunHandle:
         """Start a run in the background and return at once.
 
         Raises:
-            SessionBusy: the session already has a run (or too many runs are going).
-            broadcaster.backends.BackendUnavailable: the channel's position cannot be read.
+            SessionBusy: the session already has a run (on any node, with ``claims``).
+            RunsFull: this node runs ``max_runs`` runs already.
+            TooManyRuns: ``client`` has ``client_runs`` runs going, or started runs too
+                fast.
+            broadcaster.backends.BackendUnavailable: the claim or the channel's position
+                cannot be made or read.
         """
         session_id = request.session_id or new_session_id()
-        if session_id in self._runs or len(self._runs) >= self.max_runs:
-            raise SessionBusy(session_id)
+        self._admit(session_id, client)
         channel = self.channel_for_session(session_id)
         # Claim the session before awaiting, so two requests cannot both start it.
-        self._runs[session_id] = _Run(RunHandle(session_id, "", channel), _claimed())
+        self._runs[session_id] = _Run(RunHandle(session_id, "", channel), _claimed(), client)
+        self._count(client, 1)
+        owner = secrets.token_hex(8)
         try:
-            position = None if self.position_of is None else await self.position_of(channel)
+            position = await self._claim_and_locate(session_id, owner, channel)
         except BaseException:
-            del self._runs[session_id]
+            self._forget(session_id)
+            if client is not None and self.client_rate is not None:
+                self.client_rate.refund(client)
             raise
         execution_id = request.execution_id or new_execution_id()
         handle = RunHandle(session_id, execution_id, channel, position)
-        task = asyncio.get_running_loop().create_task(self.execute(handle, request))
-        self._runs[session_id] = _Run(handle, task)
-        task.add_done_callback(lambda _: self._runs.pop(session_id, None))
+        task = asyncio.get_running_loop().create_task(self._claimed_run(handle, request, owner))
+        self._runs[session_id] = _Run(handle, task, client)
+        task.add_done_callback(lambda _: self._forget(session_id))
         return handle
+
+    def _admit(self, session_id: str, client: str | None) -> None:
+        """Refuse at once what cannot start (nothing awaited: no race with itself)."""
+        if session_id in self._runs:
+            raise SessionBusy(session_id)
+        if len(self._runs) >= self.max_runs:
+            raise RunsFull(
+                f"this node runs {self.max_runs} runs already, its limit; retry later",
+                BUSY_RETRY_AFTER,
+            )
+        if client is None:
+            return
+        if self.client_runs and self._client_counts.get(client, 0) >= self.client_runs:
+            raise TooManyRuns(
+                f"too many runs from {client}: {self.client_runs} are going already; "
+                "wait for one to end",
+                BUSY_RETRY_AFTER,
+            )
+        if self.client_rate is not None:
+            self.client_rate.take(client)
+
+    def _count(self, client: str | None, delta: int) -> None:
+        if client is None:
+            return
+        count = self._client_counts.get(client, 0) + delta
+        if count > 0:
+            self._client_counts[client] = count
+        else:
+            self._client_counts.pop(client, None)
+
+    def _forget(self, session_id: str) -> None:
+        run = self._runs.pop(session_id, None)
+        if run is not None:
+            self._count(run.client, -1)
+
+    async def _claim_and_locate(self, session_id: str, owner: str, channel: str) -> str | None:
+        """Claim the session across nodes, then read the channel's position."""
+        if self.claims is not None and not await self.claims.claim(session_id, owner, self.lease):
+            raise SessionBusy(session_id)
+        try:
+            return None if self.position_of is None else await self.position_of(channel)
+        except BaseException:
+            await self._release(session_id, owner)
+            raise
+
+    async def _claimed_run(
+        self, handle: RunHandle, request: RunRequest, owner: str
+    ) -> AgentState | None:
+        """The run, with its claim renewed while it goes and released at its end."""
+        if self.claims is None:
+            return await self.execute(handle, request)
+        renewer = asyncio.get_running_loop().create_task(self._renew(handle.session_id, owner))
+        try:
+            return await self.execute(handle, request)
+        finally:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+            await self._release(handle.session_id, owner)
+
+    async def _renew(self, session_id: str, owner: str) -> None:
+        assert self.claims is not None
+        while True:
+            await asyncio.sleep(self.lease / 3)
+            try:
+                if not await self.claims.claim(session_id, owner, self.lease):
+                    logger.warning("the run of session %s lost its claim", session_id)
+            except Exception as exc:  # the next renewal may work; the lease is 3x longer
+                logger.warning("cannot renew the claim on session %s: %s", session_id, exc)
+
+    async def _release(self, session_id: str, owner: str) -> None:
+        if self.claims is None:
+            return
+        try:
+            await self.claims.release(session_id, owner)
+        except Exception as exc:  # it expires after the lease anyway
+            logger.warning("cannot release the claim on session %s: %s", session_id, exc)
 
     def running(self, session_id: str) -> bool:
         return session_id in self._runs
@@ -445,3 +703,49 @@ def _context_of(session_id: str, snapshot: dict[str, Any]) -> SessionContext:
         elif role == Role.ASSISTANT.value and turns and content:
             turns[-1] = replace(turns[-1], output=content)
     return SessionContext(session_id, tuple(turns[-ROUTE_MEMORY_TURNS:]))
+
+
+ABANDONED_BY = "RunSupervisor"
+"""The criterion name on the stop of a run whose executor was lost."""
+
+
+async def end_abandoned(
+    publisher: Publisher,
+    state_store: StateStore,
+    handle: RunHandle,
+    request: RunRequest,
+    reason: str,
+    *,
+    load_snapshot: SnapshotLoader | None = None,
+    state_url: str | None = None,
+) -> None:
+    """End a run whose executor is gone (its worker died, or no worker took it): store
+    a ``failed`` final state (the stored conversation plus the run's input, ``reason``
+    in its metadata) and publish the final ``failed`` ``agent.status`` (stop reason
+    ``error``, ``reason`` as its message), so that whoever follows the run stops
+    waiting and can reconcile. What the lost executor did is not in the state."""
+    serializer = SlimAgentStateSerializer(snapshot_config())
+    try:
+        stored = None if load_snapshot is None else await load_snapshot(handle.channel)
+        state = AgentState() if stored is None else serializer.deserialize(orjson.loads(stored))
+        now = utc_now()
+        # Recorded as the run's stop, so the snapshot explains it like any other failure
+        # (error_message, last_continuation resolved by the supervisor).
+        stop = ContinuationEvaluation(
+            ABANDONED_BY, ContinuationDecision.FORBID, reason, stop_reason=StopReason.ERROR
+        )
+        state = (
+            state.with_user_message(request.input)
+            .start_execution(now, handle.execution_id)
+            .with_start_outcome(ContinuationOutcome.from_evaluations([stop]))
+            .end_execution(now, AgentStatus.FAILED, StopReason.ERROR)
+            .with_metadata("error", reason)
+        )
+        await state_store.save(handle.channel, orjson.dumps(serializer.serialize(state)))
+    except Exception:
+        logger.exception("cannot store the failed state of session %s", handle.session_id)
+        state_url = None
+    adapter = AgentEventAdapter(
+        publisher, handle.session_id, handle.execution_id, channel=handle.channel
+    )
+    await adapter.fail(reason, state_url=state_url)

@@ -209,3 +209,25 @@ class Backend(Protocol):
         """Send a control message (e.g. terminate a user's connections) to every node,
         this one included."""
         ...
+
+    async def claim_value(self, app_id: str, key: str, owner: str, ttl: float) -> bool:
+        """Claim ``key`` for ``owner`` for ``ttl`` seconds, across every node: True when
+        the key was free (or its claim expired) or is already ``owner``'s (the claim is
+        then renewed), False when another owner holds it. A lease: the holder renews it
+        (every third of ``ttl``, say) while it needs it, so a crashed holder's claim
+        expires on its own.
+
+        Raises:
+            ValueError: ``ttl`` is not positive.
+            BackendUnavailable: nothing was claimed.
+        """
+        ...
+
+    async def release_value(self, app_id: str, key: str, owner: str) -> bool:
+        """Release ``owner``'s claim on ``key``; True when it held it (another owner's
+        claim is left alone).
+
+        Raises:
+            BackendUnavailable: the backend cannot be reached now.
+        """
+        ...

@@ -368,3 +368,28 @@ class MemoryBackend:
         while True:
             await asyncio.sleep(interval)
             self._sweep()
+
+    # -- claims (leases), kept among the stored values so that the sweep frees them -----
+
+    async def claim_value(self, app_id: str, key: str, owner: str, ttl: float) -> bool:
+        """See :meth:`broadcaster.backends.base.Backend.claim_value`."""
+        _check_ttl(ttl)
+        slot = (app_id, _CLAIM + key)
+        held = self._values.get(slot)
+        now = self._clock()
+        if held is not None and held[1] > now and held[0] != owner.encode():
+            return False
+        self._values[slot] = (owner.encode(), now + ttl)
+        return True
+
+    async def release_value(self, app_id: str, key: str, owner: str) -> bool:
+        """See :meth:`broadcaster.backends.base.Backend.release_value`."""
+        slot = (app_id, _CLAIM + key)
+        held = self._values.get(slot)
+        if held is None or held[0] != owner.encode():
+            return False
+        del self._values[slot]
+        return held[1] > self._clock()
+
+
+_CLAIM = "\0claim:"  # a NUL never appears in a stored value's key

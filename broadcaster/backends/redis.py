@@ -1134,6 +1134,24 @@ class RedisBackend:
         async with asyncio.timeout(self.command_timeout):
             await pipe.execute()
 
+    # -- claims (leases) ------------------------------------------------------------------
+
+    async def claim_value(self, app_id: str, key: str, owner: str, ttl: float) -> bool:
+        """See :meth:`broadcaster.backends.base.Backend.claim_value`."""
+        self._check_ready()
+        try:
+            return await claim_via_redis(self._client, self.prefix, app_id, key, owner, ttl)
+        except _ERRORS as exc:
+            raise self._failed("claim a key", exc) from exc
+
+    async def release_value(self, app_id: str, key: str, owner: str) -> bool:
+        """See :meth:`broadcaster.backends.base.Backend.release_value`."""
+        self._check_ready()
+        try:
+            return await release_via_redis(self._client, self.prefix, app_id, key, owner)
+        except _ERRORS as exc:
+            raise self._failed("release a claim", exc) from exc
+
 
 def _give_up(batch: list[tuple[bytes, bytes, asyncio.Future[None]]], reason: str) -> None:
     """Release the callers of pub/sub commands not confirmed (a reconnection restores
@@ -1167,3 +1185,47 @@ def _check_options(
         raise ValueError(
             f"need 0 < reconnect_min <= reconnect_max, got {reconnect_min!r} and {reconnect_max!r}"
         )
+
+
+# -- claims (leases) ----------------------------------------------------------------------
+
+_CLAIM = """
+local held = redis.call('GET', KEYS[1])
+if held and held ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def claim_key(prefix: str, app_id: str, key: str) -> str:
+    """The Redis key of a claim (see :meth:`RedisBackend.claim_value`)."""
+    return f"{prefix}:{app_id}:claim:{key}"
+
+
+async def claim_via_redis(
+    client: Redis, prefix: str, app_id: str, key: str, owner: str, ttl: float
+) -> bool:
+    """Claim (or renew) as the Redis backend does, for processes that run no node.
+
+    Raises:
+        ValueError: ``ttl`` is not positive.
+        redis.exceptions.RedisError: from the client.
+    """
+    if not ttl > 0:
+        raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
+    held = await client.eval(_CLAIM, 1, claim_key(prefix, app_id, key), owner, _ms(ttl))
+    return bool(held)
+
+
+async def release_via_redis(client: Redis, prefix: str, app_id: str, key: str, owner: str) -> bool:
+    """Release a claim as the Redis backend does (only ``owner``'s).
+
+    Raises:
+        redis.exceptions.RedisError: from the client.
+    """
+    released = await client.eval(_RELEASE, 1, claim_key(prefix, app_id, key), owner)
+    return bool(released)

@@ -529,3 +529,44 @@ async def test_the_presence_limit_holds_under_concurrent_joins(
     assert (
         await second.backend.presence_add(APP, "presence-crowd", "9.9", again, limit=100) is False
     )
+
+
+# -- claims (leases) ----------------------------------------------------------------------
+
+
+async def test_a_claim_is_exclusive_across_nodes_until_released(
+    backend_factory: BackendFactory,
+) -> None:
+    first, second = await two_nodes(backend_factory)
+    assert await first.backend.claim_value(APP, "run:s1", "a", ttl=60)
+    assert not await second.backend.claim_value(APP, "run:s1", "b", ttl=60)
+    assert await first.backend.claim_value(APP, "run:s1", "a", ttl=60), "the owner renews"
+    assert not await second.backend.release_value(APP, "run:s1", "b"), "not b's to release"
+    assert not await second.backend.claim_value(APP, "run:s1", "b", ttl=60)
+    assert await first.backend.release_value(APP, "run:s1", "a")
+    assert await second.backend.claim_value(APP, "run:s1", "b", ttl=60)
+
+
+async def test_a_claim_is_per_key_and_per_app(backend_factory: BackendFactory) -> None:
+    node = await backend_factory.node()
+    assert await node.backend.claim_value(APP, "run:s1", "a", ttl=60)
+    assert await node.backend.claim_value(APP, "run:s2", "b", ttl=60)
+    assert await node.backend.claim_value(OTHER_APP, "run:s1", "c", ttl=60)
+    assert await node.backend.load_value(APP, "run:s1") is None, "claims are not values"
+
+
+async def test_an_unrenewed_claim_expires(backend_factory: BackendFactory) -> None:
+    first, second = await two_nodes(backend_factory)
+    assert await first.backend.claim_value(APP, "run:s1", "dead", ttl=0.05)
+
+    async def taken() -> bool:
+        return await second.backend.claim_value(APP, "run:s1", "alive", ttl=60)
+
+    await eventually_async(taken, "the dead owner's claim to expire")
+    assert not await first.backend.release_value(APP, "run:s1", "dead")
+
+
+async def test_claim_value_rejects_a_non_positive_ttl(backend_factory: BackendFactory) -> None:
+    node = await backend_factory.node()
+    with pytest.raises(ValueError, match="ttl must be a positive"):
+        await node.backend.claim_value(APP, "k", "a", ttl=0)

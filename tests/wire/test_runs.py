@@ -270,3 +270,58 @@ async def test_state_of_an_unknown_session_is_a_json_error(
         response = await http.get(f"{live_demo.url}/api/sessions/{session}/state")
     assert response.status_code == status
     assert response.json()["error"]
+
+
+# -- one session, two nodes (local run mode, Redis backend) ------------------------------
+
+
+async def post_again(base_url: str, session_id: str) -> int:
+    async with httpx.AsyncClient() as http:
+        answer = await http.post(
+            f"{base_url}/run", json={"input": "again", "session_id": session_id}
+        )
+    return answer.status_code
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+async def test_a_busy_session_is_refused_by_every_node(
+    server_factory: ServerFactory, clients: Connect, redis_server: RedisServer
+) -> None:
+    """The session is claimed in Redis while its run goes (a 1 s lease here, renewed),
+    so the other node answers 409 however long the run takes, and 202 once it ended."""
+    args = ("--demo", "--backend", redis_server.url, "--redis-prefix", "wire-claims")
+    env = {"AGENT_DEMO_RUN_LEASE": "1"}
+    runner, other = server_factory(*args, env=env), server_factory(*args, env=env)
+    run = await start_run(runner.url, pace_ms=100)
+    assert await post_again(other.url, run["session_id"]) == 409
+    client = await clients(f"{other.ws_url}/app/agent-key?protocol=7")
+    await subscribe(client, run["channel"], run["position"])
+    await read_run(client, stop_after=15)  # more than a lease later: renewed, still held
+    assert await post_again(other.url, run["session_id"]) == 409
+    await read_run(client)
+    for _ in range(100):  # released right after the final status
+        status = await post_again(other.url, run["session_id"])
+        if status != 409:
+            break
+        await asyncio.sleep(0.02)
+    assert status == 202
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+async def test_a_dead_nodes_session_is_free_again_after_its_lease(
+    server_factory: ServerFactory, clients: Connect, redis_server: RedisServer
+) -> None:
+    args = ("--demo", "--backend", redis_server.url, "--redis-prefix", "wire-claims-dead")
+    env = {"AGENT_DEMO_RUN_LEASE": "1"}
+    runner, other = server_factory(*args, env=env), server_factory(*args, env=env)
+    run = await start_run(runner.url, pace_ms=200)
+    assert await post_again(other.url, run["session_id"]) == 409
+    runner.kill()
+    for _ in range(300):
+        status = await post_again(other.url, run["session_id"])
+        if status != 409:
+            break
+        await asyncio.sleep(0.02)
+    assert status == 202

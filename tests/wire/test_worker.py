@@ -3,6 +3,7 @@ a client on yet another server process follows the run and reconciles it."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -16,8 +17,10 @@ import pytest
 from redis.asyncio import Redis
 
 from agent_core.runs import RunRequest
-from agent_core.worker import RunQueue, lock_key, queue_key
+from agent_core.worker import RunQueue, Worker
+from broadcaster.publishers import state_key
 from tests.conftest import ServerFactory
+from tests.reliability.helpers import eventually
 from tests.server.conftest import Client
 from tests.support import REPO, RedisServer
 from tests.wire.test_routed_runs import ROUTED_RUN, phases
@@ -29,19 +32,24 @@ PREFIX = "wire-worker"
 
 
 class WorkerProcess:
-    def __init__(self, redis_url: str) -> None:
-        args = ["--redis", redis_url, "--redis-prefix", PREFIX, "--concurrency", "4"]
+    """``python -m agent_core.worker`` in a child process (ready when it says so)."""
+
+    def __init__(
+        self, redis_url: str, prefix: str = PREFIX, env: dict[str, str] | None = None
+    ) -> None:
+        args = ["--redis", redis_url, "--redis-prefix", prefix, "--concurrency", "4"]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "agent_core.worker", *args],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         self.lines: list[str] = []
         self.ready = threading.Event()
-        threading.Thread(target=self._drain, daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        self._drainer.start()
 
     def _drain(self) -> None:
         assert self.proc.stdout is not None
@@ -50,18 +58,33 @@ class WorkerProcess:
             if line.startswith("agent-worker ready"):
                 self.ready.set()
 
+    def started(self) -> WorkerProcess:
+        assert self.ready.wait(20), "".join(self.lines)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash (or the OOM killer) would."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self._close()
+
     def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait(15)
+        self._close()
+        return code
+
+    def _close(self) -> None:
+        self._drainer.join(10)
         assert self.proc.stdout is not None
         self.proc.stdout.close()
-        return code
 
 
 @pytest.fixture
 def worker(redis_server: RedisServer) -> Iterator[WorkerProcess]:
-    process = WorkerProcess(redis_server.url)
-    assert process.ready.wait(20), "".join(process.lines)
+    process = WorkerProcess(redis_server.url).started()
     yield process
     process.stop()
 
@@ -122,6 +145,66 @@ def test_queue_mode_needs_the_redis_backend(server_factory: ServerFactory) -> No
         server_factory("--demo", env={"AGENT_DEMO_RUN_MODE": "queue"})
 
 
+async def test_a_completed_queued_run_leaves_no_bookkeeping_in_redis(
+    server_factory: ServerFactory,
+    redis_server: RedisServer,
+    worker: WorkerProcess,
+    clients: Connect,
+) -> None:
+    """Only the final state and the channel's history (both expiring) stay behind."""
+    common = ("--backend", redis_server.url, "--redis-prefix", PREFIX)
+    web = server_factory("--demo", *common, env={"AGENT_DEMO_RUN_MODE": "queue"})
+    client = await clients(f"{web.ws_url}/app/agent-key?protocol=7")
+    run = await start_run(web.url)
+    await subscribe(client, run["channel"], run["position"])
+    await read_run(client)
+    redis = Redis.from_url(redis_server.url)
+    try:
+
+        async def bookkeeping() -> list[str]:
+            names = [k.decode() async for k in redis.scan_iter(f"{PREFIX}:1:*")]
+            return [n for n in names if ":run" in n or ":claim:" in n or ":client-runs:" in n]
+
+        await eventually(lambda: _empty(bookkeeping), "the worker to finish the run")
+    finally:
+        await redis.aclose()
+
+
+async def _empty(keys: Callable[[], Awaitable[list[str]]]) -> bool:
+    return await keys() == []
+
+
+async def test_a_worker_that_lost_its_lease_stops_the_run(redis_server: RedisServer) -> None:
+    """Its run was ended as abandoned (here: the lease is taken away, as a reaper does
+    once the worker stalled past it): the worker stops it instead of publishing on."""
+    prefix = "wire-lost-lease"
+    redis = Redis.from_url(redis_server.url)
+
+    async def no_position(channel: str) -> None:
+        return None
+
+    queue = RunQueue(Redis.from_url(redis_server.url), "1", no_position, prefix=prefix)
+    worker = Worker(redis, "1", prefix=prefix, lease=0.6)
+    stop = asyncio.Event()
+    consuming = asyncio.create_task(worker.run_forever(stop))
+    try:
+        run = await queue.start(RunRequest(input="Weather in Oslo?", pace_ms=300))
+        takers = f"{prefix}:1:run-takers"
+        await eventually(lambda: redis.hlen(takers), "the worker to take the run")
+        run_id = (await redis.hkeys(takers))[0]
+        await redis.zrem(f"{prefix}:1:run-leases", run_id)
+
+        await eventually(lambda: worker.completed == 1, "the worker to stop the run")
+        state = await redis.get(f"{prefix}:1:value:{state_key(run.channel)}")
+        assert state is None, "the run was stopped before its end"
+        assert await redis.exists(f"{prefix}:1:claim:run:{run.session_id}") == 0
+    finally:
+        stop.set()
+        await consuming
+        await queue.aclose()
+        await redis.aclose()
+
+
 async def test_a_queued_job_carries_the_mode_the_web_process_chose(
     redis_server: RedisServer,
 ) -> None:
@@ -135,12 +218,12 @@ async def test_a_queued_job_carries_the_mode_the_web_process_chose(
     try:
         await queue.start(RunRequest(input="hi", session_id="m1"))
         await queue.start(RunRequest(input="hi", session_id="m2", mode="agent"))
-        jobs = [orjson.loads(j) for j in await redis.lrange(queue_key("wire-mode", "1"), 0, -1)]
+        jobs = [orjson.loads(j) for j in await redis.hvals("wire-mode:1:run-jobs")]
     finally:
-        await redis.delete(queue_key("wire-mode", "1"))
-        await redis.delete(*(lock_key("wire-mode", "1", s) for s in ("m1", "m2")))
+        await redis.delete(*[k async for k in redis.scan_iter("wire-mode:*")])
         await queue.aclose()
-    assert [job["request"]["mode"] for job in jobs] == ["route", "agent"]
+    modes = {job["session_id"]: job["request"]["mode"] for job in jobs}
+    assert modes == {"m1": "route", "m2": "agent"}
 
 
 async def test_a_queued_routed_run_shows_its_phases(
