@@ -13,8 +13,8 @@ Input: ``threadId`` is the session id (a later run on the same thread continues 
 conversation, whose history the server keeps); ``runId`` is the execution id (the
 envelopes' ``execution_id``); the text of the last ``user`` message is the run's input
 (earlier messages are the client's copy of that history); ``forwardedProps`` may carry
-``trace``
-and ``pace_ms`` as ``POST /run`` does. ``tools``, ``context`` and ``state`` are
+``trace``, ``pace_ms``, ``mode`` (``agent`` or ``route``) and ``max_steps`` as
+``POST /run`` does. ``tools``, ``context`` and ``state`` are
 validated and accepted; the server-side agent runs with its own tools and state.
 
 =====================================  ===============================================
@@ -122,10 +122,14 @@ class InvalidInput(ValueError):
 # -- input ----------------------------------------------------------------------------
 
 
+_FORWARDED = ("trace", "pace_ms", "mode", "max_steps")
+"""The ``forwardedProps`` that pass through to the run (as ``POST /run`` names them)."""
+
+
 def run_request(agent_input: RunAgentInput) -> RunRequest:
     """The run an AG-UI input asks for: the last user message's text on session
-    ``threadId`` as execution ``runId``, with ``trace`` and ``pace_ms`` from
-    ``forwardedProps``.
+    ``threadId`` as execution ``runId``, with ``trace``, ``pace_ms``, ``mode`` and
+    ``max_steps`` from ``forwardedProps``.
 
     Raises:
         InvalidInput: no user message with text, or a field our runs do not accept
@@ -136,7 +140,7 @@ def run_request(agent_input: RunAgentInput) -> RunRequest:
     fields: dict[str, Any] = {"input": _last_user_text(agent_input)}
     fields["session_id"] = agent_input.thread_id
     fields["execution_id"] = agent_input.run_id
-    fields.update({k: props[k] for k in ("trace", "pace_ms") if k in props})
+    fields.update({k: props[k] for k in _FORWARDED if k in props})
     try:
         return RunRequest.model_validate(fields)
     except ValidationError as exc:

@@ -329,7 +329,13 @@ def test_the_input_is_the_last_user_message_and_props_pass_through() -> None:
                 {"id": "2", "role": "assistant", "content": "answer"},
                 {"id": "3", "role": "user", "content": [{"type": "text", "text": "second"}]},
             ],
-            forwardedProps={"pace_ms": 5, "trace": False, "other": 1},
+            forwardedProps={
+                "pace_ms": 5,
+                "trace": False,
+                "mode": "route",
+                "max_steps": 2,
+                "other": 1,
+            },
         )
     )
     wanted = run_request(agent)
@@ -339,6 +345,19 @@ def test_the_input_is_the_last_user_message_and_props_pass_through() -> None:
         5,
         False,
     )
+    assert (wanted.mode, wanted.max_steps) == ("route", 2)
     assert wanted.execution_id == agent.run_id
     with pytest.raises(InvalidInput, match="threadId"):
         run_request(RunAgentInput.model_validate(agent_input("no spaces allowed")))
+
+
+async def test_a_routed_run_streams_through_ag_ui(demo: LiveServer) -> None:
+    """forwardedProps.mode picks the capability router, as POST /run's mode does."""
+    body = agent_input(text="summarize: agents publish envelopes", forwardedProps={"mode": "route"})
+    response, events = await post_run(demo, body)
+
+    assert response.status_code == 200
+    assert kinds(events)[0] == "RUN_STARTED"
+    assert kinds(events)[-1] == "RUN_FINISHED"
+    names = [name for _, name in tool_calls(events)]
+    assert names[:2] == ["intent_classifier", "summarize"]
