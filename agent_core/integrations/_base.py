@@ -12,6 +12,7 @@ snapshot (``StateStore``) and names its URL in the final ``agent.status``, as a 
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +29,8 @@ from broadcaster import envelope as env
 from broadcaster.publishers import Publisher, StateStore
 
 __all__ = ["FrameworkRun", "StepRecord", "default_state_url"]
+
+logger = logging.getLogger(__name__)
 
 _FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter", "error")
 
@@ -324,6 +327,7 @@ class FrameworkRun(EnvelopeEmitter):
             await self.state_store.save(self.channel, orjson.dumps(snapshot))
         except Exception:
             self.failures += 1
+            logger.exception("could not store the final state of session %s", self.session_id)
             return None
         return self.state_url(self.session_id)
 
