@@ -231,3 +231,17 @@ def test_importing_agent_core_imports_no_framework() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+async def test_a_state_store_that_fails_leaves_the_final_status_without_a_url(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Unreachable:
+        async def save(self, channel: str, snapshot: bytes) -> None:
+            raise ConnectionError("the store is down")
+
+    publisher = RecordingPublisher()
+    await RUNS["pydantic-ai"](publisher, "fw-1", state_store=Unreachable())
+    final = publisher.envelopes()[-1].payload
+    assert (final.status, final.state_url) == ("completed", None)  # type: ignore[union-attr]
+    assert "could not store the final state of session fw-1" in caplog.text
