@@ -37,7 +37,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from agent_core import agui
+from agent_core import agui, vercel_ai
 from agent_core.demo_routing import demo_parts
 from agent_core.runs import (
     BackendClaims,
@@ -85,6 +85,11 @@ class DemoSettings(BaseSettings):
     driver: Literal["scripted", "openai"] = "scripted"
     state_ttl: float = Field(default=86_400.0, gt=0)
     agui_path: str = Field(default=agui.AGUI_PATH, pattern=r"^/[A-Za-z0-9_\-./]*$")
+    vercel_ai_path: str = Field(
+        default=vercel_ai.VERCEL_AI_PATH,
+        pattern=r"^/[A-Za-z0-9_\-./]*$",
+        description="the Vercel AI SDK UI message stream (useChat's api)",
+    )
     run_mode: Literal["local", "queue"] = Field(
         default="local",
         description="local: runs execute in this process; queue: they are queued in "
@@ -238,6 +243,7 @@ def install(ctx: ExtensionContext) -> None:
         Mount("/demo", static, name="demo-assets"),
     ]
     ctx.routes += agui.routes(demo)
+    ctx.routes += vercel_ai.routes(demo)
     ctx.state["demo"] = demo
 
 

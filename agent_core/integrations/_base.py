@@ -1,0 +1,413 @@
+"""What every framework adapter shares: :class:`FrameworkRun`, an emitter driven by
+explicit calls (run started, step started, text, tool started/completed, step
+completed, run ended) instead of ``agent_core`` events.
+
+It is an :class:`~agent_core.broadcasting.EnvelopeEmitter`, so its envelopes are built,
+ordered, coalesced and published exactly like :class:`AgentEventAdapter`'s: one lock,
+streamed text held and flushed before the next envelope, the same tool summaries. It
+also records what it publishes, so that at the end it stores a slim-shaped final
+snapshot (``StateStore``) and names its URL in the final ``agent.status``, as a run of
+``agent_core`` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from agent_core.broadcasting import AdapterOptions, EnvelopeEmitter, summarize_result
+from agent_core.events import AgentEvent, StreamChunk
+from agent_core.messages import Usage
+from broadcaster import envelope as env
+from broadcaster.publishers import Publisher, StateStore
+
+__all__ = ["FrameworkRun", "StepRecord", "default_state_url"]
+
+logger = logging.getLogger(__name__)
+
+_FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter", "error")
+
+
+def default_state_url(session_id: str) -> str:
+    """The server's reconcile URL of ``session_id`` (``GET /api/sessions/{id}/state``)."""
+    return f"/api/sessions/{session_id}/state"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Mark(AgentEvent):
+    """The event an envelope is stamped from (its time and step)."""
+
+    step_number: int = 0
+
+
+@dataclass
+class StepRecord:
+    """One step as the snapshot tells it."""
+
+    step_number: int
+    actor: str | None
+    started: float
+    tool_calls: list[dict[str, str]]
+    errors: int = 0
+    usage: Usage = field(default_factory=Usage)
+    finish_reason: str | None = None
+    duration_ms: float = 0.0
+
+
+class FrameworkRun(EnvelopeEmitter):
+    """One framework run published as envelopes on ``agent.<session_id>``.
+
+    Call, in order: :meth:`started`, then per step :meth:`step_started`, :meth:`text`
+    / :meth:`tool_started` / :meth:`tool_completed`, :meth:`step_completed`, and at the
+    end :meth:`completed` or :meth:`failed`. Calls out of order (a tool before any
+    step, a step completed twice) are tolerated: a step is opened when needed and an
+    open step is closed at the end, so the envelope stream always pairs up.
+
+    Args:
+        publisher: where envelopes go.
+        session_id: the session; the channel is ``channel`` or ``agent.<session_id>``.
+        execution_id: the run's id (default: a new uuid4 hex).
+        framework: the framework's name, put in the snapshot's metadata.
+        agent_id: the agent's name in the snapshot.
+        options: what to publish (see :class:`AdapterOptions`).
+        state_store: where the final snapshot is stored (None: not stored).
+        state_url: the URL put into the final ``agent.status`` when it was stored
+            (default: the server's ``/api/sessions/{id}/state``).
+        channel: publish here instead of ``agent.<session_id>``.
+    """
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        session_id: str,
+        execution_id: str | None = None,
+        *,
+        framework: str,
+        agent_id: str = "agent",
+        options: AdapterOptions | None = None,
+        state_store: StateStore | None = None,
+        state_url: Callable[[str], str] = default_state_url,
+        channel: str | None = None,
+    ) -> None:
+        super().__init__(
+            publisher,
+            session_id,
+            execution_id or uuid.uuid4().hex,
+            options=options,
+            channel=channel,
+        )
+        self.framework = framework
+        self.agent_id = agent_id
+        self.state_store = state_store
+        self.state_url = state_url
+        self.step_number = 0
+        self.usage = Usage()
+        self.started_at: datetime | None = None
+        self._step: StepRecord | None = None
+        self._steps: list[StepRecord] = []
+        self._calls: dict[str, tuple[str, float]] = {}
+        self._messages: list[dict[str, Any]] = []
+        self._text: list[str] = []
+        self._chunk_count = 0
+
+    # -- the calls an adapter makes -------------------------------------------------------
+
+    async def started(self, prompt: str | None = None, tools: Sequence[str] = ()) -> None:
+        """The run began: ``agent.status`` ``in_progress``."""
+        self.started_at = datetime.now(UTC)
+        if prompt:
+            self._messages.append({"role": "user", "content": prompt, "metadata": {}})
+        await self._send(env.AgentStatus, env.StatusPayload(status="in_progress"))
+
+    async def step_started(
+        self, *, actor: str | None = None, tools: Sequence[str] = (), message_count: int = 0
+    ) -> int:
+        """A step began (closing the one still open); returns its number."""
+        if self._step is not None:
+            await self.step_completed()
+        self.step_number += 1
+        self._step = StepRecord(self.step_number, actor, time.monotonic(), [])
+        payload = env.StepStartedPayload(
+            step_number=self.step_number,
+            message_count=message_count,
+            available_tools=list(tools),
+            actor=actor,
+        )
+        await self._send(env.StepStarted, payload)
+        return self.step_number
+
+    async def text(self, delta: str) -> None:
+        """Streamed text of the current step (coalesced like the engine's)."""
+        if not delta:
+            return
+        await self._ensure_step()
+        self._text.append(delta)
+        await self.on_event(self._chunk(delta, complete=False))
+
+    async def tool_started(self, call_id: str, name: str, args: Mapping[str, Any]) -> None:
+        """The model's tool call ``call_id`` is about to run with ``args``."""
+        step = await self._ensure_step()
+        step.tool_calls.append({"id": call_id, "name": name})
+        self._calls[call_id] = (name, time.monotonic())
+        self._tool_message(call_id, name, args)
+        mark = self._mark()
+        async with self._lock:
+            await self._end_stream()  # the model's text ended before it asked for a tool
+            await self._tool_started(mark, call_id, name, args)
+
+    async def tool_completed(
+        self, call_id: str, result: Any = None, *, error: str | None = None, name: str = ""
+    ) -> None:
+        """Tool call ``call_id`` ended with ``result`` (or failed with ``error``)."""
+        known, began = self._calls.pop(call_id, (name or "tool", time.monotonic()))
+        step = await self._ensure_step()
+        step.errors += error is not None
+        content = summarize_result(result, 500) if error is None else f"error: {error}"
+        self._messages.append(
+            {
+                "role": "tool",
+                "content": content or "",
+                "metadata": {"tool_call_id": call_id, "tool_name": known},
+            }
+        )
+        mark = self._mark()
+        async with self._lock:
+            await self._flush_chunks(complete=False)
+            await self._tool_completed(
+                mark,
+                call_id,
+                known,
+                success=error is None,
+                error=error,
+                duration_ms=(time.monotonic() - began) * 1000,
+                result=result,
+            )
+
+    async def step_completed(
+        self, *, input_tokens: int = 0, output_tokens: int = 0, finish_reason: str | None = None
+    ) -> None:
+        """The current step ended, having used ``input_tokens``/``output_tokens``."""
+        step = self._step
+        if step is None:
+            return
+        self._step = None
+        step.usage = Usage.of(input_tokens, output_tokens)
+        self.usage = self.usage + step.usage
+        step.finish_reason = _finish(finish_reason, bool(step.tool_calls))
+        step.duration_ms = (time.monotonic() - step.started) * 1000
+        self._steps.append(step)
+        await self._close_text()
+        if self.options.include_continuation_trace:
+            await self._send(env.AgentContinuation, _trace(self, step), step.step_number)
+        payload = env.StepCompletedPayload(
+            step_number=step.step_number,
+            has_tool_calls=bool(step.tool_calls),
+            errors=step.errors,
+            finish_reason=step.finish_reason,
+            usage=env.UsagePayload(
+                prompt=step.usage.prompt, completion=step.usage.completion, total=step.usage.total
+            ),
+            duration_ms=step.duration_ms,
+            tool_calls=[env.ToolCallRef(**call) for call in step.tool_calls],
+            continuation=self._decision(step),
+        )
+        await self._send(env.StepCompleted, payload, step.step_number)
+
+    async def completed(self, output: Any = None, *, stop_reason: str = "completed") -> None:
+        """The run ended with ``output``: the final ``agent.status`` ``completed``."""
+        await self._end("completed", output=output, stop_reason=stop_reason)
+
+    async def failed(self, message: str, *, stop_reason: str = "error") -> None:
+        """The run failed with ``message``: the final ``agent.status`` ``failed``."""
+        await self._end("failed", error=message, stop_reason=stop_reason)
+
+    def snapshot(self, status: str, error: str | None = None) -> dict[str, Any]:
+        """The slim-shaped snapshot of the run so far (what the state endpoint serves)."""
+        now = datetime.now(UTC)
+        began = self.started_at or now
+        last = self._steps[-1] if self._steps else None
+        return {
+            "agent_id": self.agent_id,
+            "parent_agent_id": None,
+            "status": status,
+            **({"error_message": error} if status == "failed" else {}),
+            "step_count": len(self._steps),
+            "usage": self.usage.model_dump(mode="json"),
+            "execution": {
+                "started_at": env.utc_timestamp(began),
+                "updated_at": env.utc_timestamp(now),
+                "cumulative_seconds": round((now - began).total_seconds(), 3),
+            },
+            "messages": self._messages[-50:],
+            "steps": [_step_snapshot(s) for s in self._steps[-50:]],
+            "last_continuation": None if last is None else _decision_dict(self, last),
+            "metadata": {"framework": self.framework, "execution_id": self.execution_id},
+        }
+
+    # -- internals ------------------------------------------------------------------------
+
+    async def _dispatch(self, event: AgentEvent) -> None:  # pragma: no cover - unused
+        raise TypeError("FrameworkRun is driven by its methods, not by agent_core events")
+
+    async def _ensure_step(self) -> StepRecord:
+        if self._step is None:
+            await self.step_started()
+        assert self._step is not None
+        return self._step
+
+    def _tool_message(self, call_id: str, name: str, args: Mapping[str, Any]) -> None:
+        call = {"id": call_id, "name": name, "arguments": dict(args)}
+        if self.options.redact_tool_args:
+            call.pop("arguments")
+        text = "".join(self._text)
+        self._text = []
+        if self._messages and self._messages[-1]["role"] == "assistant" and not text:
+            self._messages[-1]["metadata"].setdefault("tool_calls", []).append(call)
+            return
+        self._messages.append(
+            {"role": "assistant", "content": text, "metadata": {"tool_calls": [call]}}
+        )
+
+    async def _close_text(self) -> None:
+        if self._text:
+            text, self._text = "".join(self._text), []
+            self._messages.append({"role": "assistant", "content": text, "metadata": {}})
+        async with self._lock:
+            await self._end_stream()
+
+    async def _end_stream(self) -> None:
+        """Publish held text as the end of the step's stream (caller holds the lock)."""
+        if self._chunk_step is not None or self._chunks:
+            await self._flush_chunks(complete=True)
+
+    def _decision(self, step: StepRecord) -> env.ContinuationSummary | None:
+        if not self.options.include_step_continuation:
+            return None
+        return env.ContinuationSummary.model_validate(_decision_dict(self, step))
+
+    async def _end(
+        self, status: str, *, output: Any = None, error: str | None = None, stop_reason: str
+    ) -> None:
+        if self.finished:
+            return
+        if self._step is not None:
+            await self.step_completed(finish_reason="error" if error else None)
+        last = None
+        if output is not None:
+            last = output if isinstance(output, str) else orjson.dumps(output, default=str).decode()
+            if not self._messages or self._messages[-1].get("content") != last:
+                self._messages.append({"role": "assistant", "content": last, "metadata": {}})
+        state_url = await self._store(self.snapshot(status, error))
+        payload = env.StatusPayload(
+            status="failed" if status == "failed" else "completed",
+            step_count=len(self._steps),
+            error_message=error,
+            last_response=None if last is None else last[:2000],
+            stop_reason=stop_reason,
+            usage=env.UsagePayload(
+                prompt=self.usage.prompt, completion=self.usage.completion, total=self.usage.total
+            ),
+            state_url=state_url,
+        )
+        await self._send(env.AgentStatus, payload)
+        self.finished = True
+        await self.aclose()
+
+    async def _store(self, snapshot: dict[str, Any]) -> str | None:
+        if self.state_store is None:
+            return None
+        try:
+            await self.state_store.save(self.channel, orjson.dumps(snapshot))
+        except Exception:
+            self.failures += 1
+            logger.exception("could not store the final state of session %s", self.session_id)
+            return None
+        return self.state_url(self.session_id)
+
+    def _mark(self, step_number: int | None = None) -> _Mark:
+        number = self.step_number if step_number is None else step_number
+        mark = _Mark(
+            agent_id=self.agent_id,
+            execution_id=self.execution_id,
+            occurred_at=datetime.now(UTC),
+            step_number=number,
+        )
+        self._last_event = mark
+        return mark
+
+    def _chunk(self, delta: str, *, complete: bool, step_number: int | None = None) -> StreamChunk:
+        self._chunk_count += 1
+        return StreamChunk(
+            agent_id=self.agent_id,
+            execution_id=self.execution_id,
+            occurred_at=datetime.now(UTC),
+            step_number=self.step_number if step_number is None else step_number,
+            text_delta=delta,
+            chunk_index=self._chunk_count,
+            is_complete=complete,
+        )
+
+    async def _send(self, model: type[Any], payload: Any, step_number: int | None = None) -> None:
+        mark = self._mark(step_number)
+        async with self._lock:
+            await self._flush_chunks(complete=False)
+            await self._emit(model, mark, payload)
+
+
+def _finish(reason: str | None, has_tool_calls: bool) -> str:
+    if reason in _FINISH_REASONS:
+        return reason
+    return "tool_calls" if has_tool_calls else "stop"
+
+
+def _decision_dict(run: FrameworkRun, step: StepRecord) -> dict[str, Any]:
+    """The framework decided whether to go on; said in the engine's words."""
+    go_on = step.finish_reason == "tool_calls"
+    return {
+        "should_continue": go_on,
+        "stop_reason": None
+        if go_on
+        else ("error" if step.finish_reason == "error" else "completed"),
+        "resolved_by": run.framework,
+    }
+
+
+def _trace(run: FrameworkRun, step: StepRecord) -> env.ContinuationPayload:
+    decision = _decision_dict(run, step)
+    go_on = decision["should_continue"]
+    reason = "the model asked for tools" if go_on else "the model gave its answer"
+    return env.ContinuationPayload(
+        step_number=step.step_number,
+        should_continue=go_on,
+        stop_reason=decision["stop_reason"],
+        resolved_by=run.framework,
+        evaluations=[
+            env.ContinuationEvaluationPayload(
+                criterion=run.framework,
+                decision="allow" if go_on else "stop",
+                reason=reason,
+                stop_reason=decision["stop_reason"],
+            )
+        ],
+    )
+
+
+def _step_snapshot(step: StepRecord) -> dict[str, Any]:
+    return {
+        "step_number": step.step_number,
+        "type": "tool_use" if step.tool_calls else "response",
+        "actor": step.actor,
+        "has_tool_calls": bool(step.tool_calls),
+        "finish_reason": step.finish_reason,
+        "errors": step.errors,
+        "usage": {"total": step.usage.total},
+        "duration_ms": round(step.duration_ms, 1),
+        "tool_calls": list(step.tool_calls),
+    }

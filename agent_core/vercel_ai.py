@@ -1,0 +1,527 @@
+"""The Vercel AI SDK's UI message stream: a run's envelopes as the SSE protocol that
+``useChat`` (``ai`` / ``@ai-sdk/react``) consumes.
+
+``POST /vercel-ai`` (``AGENT_DEMO_VERCEL_AI_PATH``) takes the body ``useChat``'s
+``DefaultChatTransport`` sends (``{id, messages, trigger, messageId}``; ``id`` is the
+session, the last user message's text is the run's input; ``trace`` and ``pace_ms``
+may be added with the transport's ``body`` option), starts the run like ``POST /run``
+and answers with its envelopes translated (:class:`UIMessageStreamMapper`), read from
+``agent.<session>`` like ``POST /ag-ui``: one source of truth, the same run visible over
+WebSocket. ``GET /vercel-ai/{session}/stream`` (the transport's ``reconnectToStream``
+URL) follows the session instead: the next run published on it, whoever runs it (an
+``agent_core`` run, or a framework adapter's), from its ``in_progress`` status on.
+
+Protocol (checked against ``ai`` 7's ``uiMessageChunkSchema`` and
+``UI_MESSAGE_STREAM_HEADERS``): ``data: <chunk JSON>\\n\\n`` per chunk, ``data: [DONE]``
+at the end, header ``x-vercel-ai-ui-message-stream: v1``.
+
+=====================================  ===============================================
+envelope                               UI message chunks
+=====================================  ===============================================
+first envelope of the run              ``start`` (``messageId`` = execution id,
+                                       ``messageMetadata``: session, execution, channel)
+``agent.step.started``                 ``start-step``
+``agent.stream.chunk``                 ``text-start`` (first chunk of a text),
+                                       ``text-delta``, ``text-end`` (``is_complete``, or
+                                       before a tool call / step end)
+``agent.tool.started``                 ``tool-input-start``, ``tool-input-available``
+                                       (the real ``toolCallId``, the arguments;
+                                       ``dynamic``: the client does not declare them)
+``agent.tool.completed``               ``tool-output-available`` (result summary) or
+                                       ``tool-output-error``
+``agent.continuation``                 ``data-continuation`` (the full decision)
+``agent.step.completed``               ``data-continuation`` (its summary, unless the
+                                       full one was sent), ``finish-step``
+``agent.status`` completed             ``data-state`` (the stored snapshot, if any),
+                                       ``data-status`` (the status payload), ``finish``
+``agent.status`` failed                ``data-state`` if stored, ``data-status``,
+                                       ``error``, ``finish`` (``finishReason: error``)
+=====================================  ===============================================
+
+Errors before the stream starts are JSON ``{"error": ...}`` with the statuses of
+``POST /ag-ui`` (413, 408, 422, 403, 409, 503, 429).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Literal, Protocol, assert_never
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from redis.exceptions import RedisError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from agent_core.runs import RunHandle, RunRefused, RunRequest, SessionBusy
+from broadcaster import envelope as env
+from broadcaster.backends.base import BackendUnavailable
+from broadcaster.http_input import BodyRefused, describe_validation, read_body, validation_details
+from broadcaster.node import Node
+from broadcaster.publication import Position
+from broadcaster.publishers import state_key
+from broadcaster.sessions import (
+    SessionRefused,
+    bearer_token,
+    private_session_exists,
+    session_channel,
+    session_token,
+    token_grants,
+)
+from broadcaster.settings import AppConfig
+from broadcaster.sse import HEARTBEAT, ChannelFeed, FeedItem
+
+__all__ = [
+    "DONE",
+    "HEADERS",
+    "VERCEL_AI_PATH",
+    "ChatRequest",
+    "UIMessageStreamMapper",
+    "encode_chunk",
+    "routes",
+]
+
+logger = logging.getLogger(__name__)
+
+VERCEL_AI_PATH = "/vercel-ai"
+HEADERS = {
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+    "x-vercel-ai-ui-message-stream": "v1",
+}
+DONE = b"data: [DONE]\n\n"
+_FINAL = ("completed", "failed")
+_FINISH_REASONS = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool-calls",
+    "content_filter": "content-filter",
+    "error": "error",
+}
+Chunk = dict[str, Any]
+
+
+def encode_chunk(chunk: Chunk) -> bytes:
+    """One SSE event carrying ``chunk`` as JSON."""
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+# -- input ----------------------------------------------------------------------------
+
+
+class UIMessageIn(BaseModel):
+    """A ``UIMessage`` as ``useChat`` sends it (only what the server reads is checked)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str = ""
+    role: Literal["system", "user", "assistant"]
+    parts: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ChatRequest(BaseModel):
+    """The body of ``DefaultChatTransport``'s request, plus ``trace`` / ``pace_ms``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str = Field(min_length=1, description="the chat id: the session")
+    messages: list[UIMessageIn] = Field(min_length=1, max_length=1000)
+    trigger: str | None = None
+    messageId: str | None = None  # the SDK's name
+    trace: bool = True
+    pace_ms: int | None = None
+
+    def run_request(self) -> RunRequest:
+        """The run this chat request asks for.
+
+        Raises:
+            ValueError: no user message with text.
+            ValidationError: a field our runs do not accept.
+        """
+        fields: dict[str, Any] = {
+            "input": self._last_user_text(),
+            "session_id": self.id,
+            "execution_id": uuid.uuid4().hex,
+            "trace": self.trace,
+        }
+        if self.pace_ms is not None:
+            fields["pace_ms"] = self.pace_ms
+        return RunRequest.model_validate(fields)
+
+    def _last_user_text(self) -> str:
+        for message in reversed(self.messages):
+            if message.role != "user":
+                continue
+            text = "".join(str(p.get("text", "")) for p in message.parts if p.get("type") == "text")
+            if text.strip():
+                return text
+        raise ValueError("messages: no user message with a text part (the run's input)")
+
+
+# -- envelopes to UI message chunks (sans I/O) ----------------------------------------
+
+
+class UIMessageStreamMapper:
+    """Translates one run's envelopes, in channel order, into UI message chunks that
+    ``readUIMessageStream`` accepts (every text and step opened is closed before
+    ``finish``).
+
+    Args:
+        message_id: the assistant message's id (the execution id).
+        metadata: sent as ``messageMetadata`` with ``start``.
+    """
+
+    def __init__(self, message_id: str, metadata: dict[str, Any] | None = None) -> None:
+        self.message_id = message_id
+        self.metadata = metadata
+        self.started = False
+        self.done = False
+        self._texts = 0
+        self._text: str | None = None
+        self._steps: list[int] = []
+        self._traced: set[int] = set()
+
+    def feed(self, envelope: env.Envelope, snapshot: Any = None) -> list[Chunk]:
+        """The chunks for ``envelope``; ``snapshot``: the stored state, with the final
+        status."""
+        if self.done:
+            return []
+        chunks = [] if self.started else [self._start()]
+        match envelope:
+            case env.AgentStatus():
+                chunks += self._status(envelope.payload, snapshot)
+            case env.StepStarted():
+                self._steps.append(envelope.payload.step_number)
+                chunks.append({"type": "start-step"})
+            case env.StepCompleted():
+                chunks += self._step_finished(envelope.payload)
+            case env.StreamChunk():
+                chunks += self._chunk(envelope.payload)
+            case env.ToolStarted():
+                chunks += self._tool_started(envelope.payload)
+            case env.ToolCompleted():
+                chunks.append(self._tool_result(envelope.payload))
+            case env.AgentContinuation():
+                self._traced.add(envelope.payload.step_number)
+                number = envelope.payload.step_number
+                data = envelope.payload.model_dump(mode="json")
+                chunks.append(self._data("continuation", data, f"continuation-{number}"))
+            case _:
+                assert_never(envelope)
+        return chunks
+
+    def error(self, message: str) -> list[Chunk]:
+        """End the stream with ``error`` and ``finish`` (its events can no longer be read)."""
+        if self.done:
+            return []
+        self.done = True
+        opening = [] if self.started else [self._start()]
+        return [*opening, *self._close_all(), {"type": "error", "errorText": message},
+                {"type": "finish", "finishReason": "error"}]  # fmt: skip
+
+    def _start(self) -> Chunk:
+        self.started = True
+        chunk: Chunk = {"type": "start", "messageId": self.message_id}
+        if self.metadata is not None:
+            chunk["messageMetadata"] = self.metadata
+        return chunk
+
+    def _data(self, name: str, data: Any, key: str | None = None) -> Chunk:
+        return {"type": f"data-{name}", "id": f"{self.message_id}:{key or name}", "data": data}
+
+    def _status(self, payload: env.StatusPayload, snapshot: Any) -> list[Chunk]:
+        if payload.status not in _FINAL:
+            return []
+        self.done = True
+        chunks = self._close_all()
+        if snapshot is not None:
+            chunks.append(self._data("state", snapshot))
+        chunks.append(self._data("status", payload.model_dump(mode="json", exclude_none=True)))
+        if payload.status == "failed":
+            chunks.append({"type": "error", "errorText": payload.error_message or "the run failed"})
+            return [*chunks, {"type": "finish", "finishReason": "error"}]
+        return [*chunks, {"type": "finish", "finishReason": "stop"}]
+
+    def _step_finished(self, payload: env.StepCompletedPayload) -> list[Chunk]:
+        chunks = self._close_text()
+        number = payload.step_number
+        if payload.continuation is not None and number not in self._traced:
+            summary = {"step_number": number, **payload.continuation.model_dump(mode="json")}
+            chunks.append(self._data("continuation", summary, f"continuation-{number}"))
+        if number in self._steps:
+            self._steps.remove(number)
+            chunks.append({"type": "finish-step"})
+        return chunks
+
+    def _chunk(self, payload: env.StreamChunkPayload) -> list[Chunk]:
+        chunks: list[Chunk] = []
+        if self._text is None and payload.chunk:
+            self._texts += 1
+            self._text = f"{self.message_id}:text-{self._texts}"
+            chunks.append({"type": "text-start", "id": self._text})
+        if self._text is not None and payload.chunk:
+            chunks.append({"type": "text-delta", "id": self._text, "delta": payload.chunk})
+        if payload.is_complete:
+            chunks += self._close_text()
+        return chunks
+
+    def _close_text(self) -> list[Chunk]:
+        if self._text is None:
+            return []
+        text, self._text = self._text, None
+        return [{"type": "text-end", "id": text}]
+
+    def _close_all(self) -> list[Chunk]:
+        chunks = self._close_text() + [{"type": "finish-step"} for _ in self._steps]
+        self._steps.clear()
+        return chunks
+
+    def _tool_started(self, payload: env.ToolStartedPayload) -> list[Chunk]:
+        call, name = payload.tool_call_id, payload.tool_name
+        common = {"toolCallId": call, "toolName": name, "dynamic": True}
+        return [
+            *self._close_text(),
+            {"type": "tool-input-start", **common},
+            {"type": "tool-input-available", **common, "input": payload.arguments or {}},
+        ]
+
+    def _tool_result(self, payload: env.ToolCompletedPayload) -> Chunk:
+        call = payload.tool_call_id
+        if payload.success:
+            output = payload.result_summary or ""
+            return {"type": "tool-output-available", "toolCallId": call, "output": output,
+                    "dynamic": True}  # fmt: skip
+        error = payload.error or "the tool failed"
+        return {"type": "tool-output-error", "toolCallId": call, "errorText": error,
+                "dynamic": True}  # fmt: skip
+
+
+# -- the endpoints --------------------------------------------------------------------
+
+
+class _Runs(Protocol):
+    async def start(self, request: RunRequest, client: str | None = None) -> RunHandle: ...
+
+
+class _Settings(Protocol):
+    @property
+    def private_sessions(self) -> bool: ...
+
+    @property
+    def vercel_ai_path(self) -> str: ...
+
+
+class Host(Protocol):
+    """What the endpoints need from the extension that serves them (the demo)."""
+
+    @property
+    def node(self) -> Node: ...
+
+    @property
+    def app(self) -> AppConfig: ...
+
+    @property
+    def settings(self) -> _Settings: ...
+
+    @property
+    def runs(self) -> _Runs | None: ...
+
+
+SnapshotLoader = Callable[[str], Awaitable[Any]]
+
+
+def routes(host: Host) -> list[Route]:
+    """``POST <path>`` (start a run) and ``GET <path>/{session}/stream`` (follow)."""
+    path = host.settings.vercel_ai_path.rstrip("/")
+
+    async def chat(request: Request) -> Response:
+        return await _chat(host, request)
+
+    async def follow(request: Request) -> Response:
+        return await _follow(host, request)
+
+    return [
+        Route(path, chat, methods=["POST"], name="vercel-ai"),
+        Route(path + "/{session_id}/stream", follow, methods=["GET"], name="vercel-ai-follow"),
+    ]
+
+
+async def _chat(host: Host, request: Request) -> Response:
+    settings = host.node.settings
+    try:
+        body = await read_body(request, settings.max_request_bytes, settings.body_timeout)
+        chat = ChatRequest.model_validate(orjson.loads(body))
+        wanted = chat.run_request()
+    except BodyRefused as exc:
+        return _error(exc.status, exc.message)
+    except orjson.JSONDecodeError as exc:
+        return _error(422, f"the body must be a JSON chat request: {exc}")
+    except ValidationError as exc:
+        return _error(
+            422, describe_validation(exc, "chat request"), details=validation_details(exc)
+        )
+    except ValueError as exc:
+        return _error(422, f"invalid chat request: {exc}")
+    try:
+        refused = await _refused(host, request, chat.id)
+        if refused is not None:
+            return refused
+        assert host.runs is not None, "the lifespan starts the runs"
+        client = None if request.client is None else request.client.host
+        handle = await host.runs.start(wanted, client)
+    except SessionBusy as exc:
+        return _error(409, str(exc), session_id=exc.session_id)
+    except RunRefused as exc:
+        return JSONResponse(exc.answer, status_code=exc.status, headers=exc.headers)
+    except (BackendUnavailable, RedisError, OSError) as exc:
+        return _error(503, f"cannot start the run now: {exc}")
+    since = None if handle.position is None else Position.parse(handle.position)
+    return _stream(host, handle.session_id, handle.channel, since, handle.execution_id)
+
+
+async def _follow(host: Host, request: Request) -> Response:
+    session_id = request.path_params["session_id"]
+    try:
+        channel = await session_channel(host.node, host.app, request, session_id)
+    except SessionRefused as exc:
+        return _error(exc.status, str(exc))
+    except BackendUnavailable as exc:
+        return _error(503, str(exc))
+    return _stream(host, session_id, channel, None, None)
+
+
+async def _refused(host: Host, request: Request, session_id: str) -> Response | None:
+    """403 for a private session that exists, unless the request has its token."""
+    if not host.settings.private_sessions or token_grants(
+        host.app, bearer_token(request), session_id
+    ):
+        return None
+    if not await private_session_exists(host.node, host.app, session_id):
+        return None
+    return _error(
+        403,
+        f"chat {session_id!r} is a private session: send its session token as "
+        "'Authorization: Bearer <token>' (X-Session-Token of the run that started it)",
+    )
+
+
+def _stream(
+    host: Host, session_id: str, channel: str, since: Position | None, execution_id: str | None
+) -> Response:
+    headers = dict(HEADERS)
+    if host.settings.private_sessions:
+        headers["X-Session-Token"] = session_token(host.app, session_id)
+    feed = ChannelFeed(host.node, host.app, channel, since)
+
+    async def snapshot(key: str) -> Any:
+        stored = await host.node.backend.load_value(host.app.id, state_key(key))
+        return None if stored is None else orjson.loads(stored)
+
+    info = {"session_id": session_id, "channel": channel}
+    body = _chunks(feed, info, execution_id, snapshot, host.node.settings.sse_heartbeat)
+    return _FeedResponse(feed, body, headers)
+
+
+class _FeedResponse(Response):
+    """Opens the feed before answering (503 if it cannot), closes it at the end."""
+
+    def __init__(
+        self, feed: ChannelFeed, body: AsyncIterator[bytes], headers: dict[str, str]
+    ) -> None:
+        super().__init__(media_type="text/event-stream")
+        self.feed = feed
+        self.body_iterator = body
+        self.stream_headers = headers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.feed.__aenter__()
+        except BackendUnavailable as exc:
+            message = f"the session's events cannot be followed now: {exc}"
+            await _error(503, message)(scope, receive, send)
+            return
+        try:
+            media = "text/event-stream"
+            response = StreamingResponse(self.body_iterator, 200, self.stream_headers, media)
+            await response(scope, receive, send)
+        finally:
+            await self.feed.aclose()
+
+
+async def _chunks(
+    feed: ChannelFeed,
+    info: dict[str, Any],
+    execution_id: str | None,
+    snapshot: SnapshotLoader,
+    heartbeat: float,
+) -> AsyncIterator[bytes]:
+    mapper: UIMessageStreamMapper | None = None
+    if execution_id is not None:
+        mapper = UIMessageStreamMapper(execution_id, {**info, "execution_id": execution_id})
+    while mapper is None or not mapper.done:
+        items = await feed.receive(heartbeat)
+        if feed.ended is not None:
+            mapper = mapper or UIMessageStreamMapper(uuid.uuid4().hex, info)
+            yield _encode(mapper.error(f"the stream fell behind the run: {feed.ended}"))
+            break
+        if not items:
+            yield HEARTBEAT
+            continue
+        out: list[Chunk] = []
+        for item in items:
+            if item.event == "broadcaster:resume" and not orjson.loads(item.data).get("recovered"):
+                mapper = mapper or UIMessageStreamMapper(uuid.uuid4().hex, info)
+                out += mapper.error("the run's events are no longer in the channel history")
+                continue
+            envelope = _envelope(item)
+            if envelope is None:
+                continue
+            if mapper is None:
+                if not _run_start(envelope):
+                    continue  # following: wait for the next run's start
+                run = envelope.execution_id
+                mapper = UIMessageStreamMapper(run, {**info, "execution_id": run})
+            out += await _translate(envelope, mapper, snapshot, feed.channel)
+        if out:
+            yield _encode(out)
+    yield DONE
+
+
+def _run_start(envelope: env.Envelope) -> bool:
+    return isinstance(envelope, env.AgentStatus) and envelope.payload.status == "in_progress"
+
+
+def _envelope(item: FeedItem) -> env.Envelope | None:
+    if not item.event.startswith("agent."):
+        return None
+    try:
+        return env.parse_envelope(item.data)
+    except ValueError as exc:  # not ours: published on the channel by someone else
+        logger.warning("skipping %s: not an envelope: %s", item.event, exc)
+        return None
+
+
+async def _translate(
+    envelope: env.Envelope, mapper: UIMessageStreamMapper, snapshot: SnapshotLoader, channel: str
+) -> list[Chunk]:
+    if envelope.execution_id != mapper.message_id:
+        return []  # another run's events on the same session
+    state = None
+    if isinstance(envelope, env.AgentStatus) and envelope.payload.status in _FINAL:
+        try:
+            state = await snapshot(channel)
+        except BackendUnavailable as exc:
+            logger.warning("no final state for %s: %s", envelope.session_id, exc)
+    return mapper.feed(envelope, state)
+
+
+def _encode(chunks: list[Chunk]) -> bytes:
+    return b"".join(encode_chunk(chunk) for chunk in chunks)
+
+
+def _error(status: int, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": message, **extra}, status_code=status)

@@ -1,0 +1,83 @@
+"""A pydantic-ai agent (FunctionModel, streamed) drives the live dashboard: the page
+attaches to the session, the run is published through the server's HTTP API, and the
+page shows its steps, tool call, answer and final state in sync (Debian's chromium)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from playwright.sync_api import Browser, Page, expect
+from redis.asyncio import Redis
+
+from agent_core.integrations.pydantic_ai import broadcast_pydantic_ai
+from broadcaster.publishers import PusherHTTPPublisher, RedisStateStore
+from tests.conftest import ServerFactory
+from tests.frontend.conftest import artifacts, browser  # noqa: F401
+from tests.integrations.runs import ANSWER, QUESTION, pydantic_agent
+from tests.support import RedisServer
+
+pytestmark = pytest.mark.browser
+WAIT_MS = 20_000
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:  # noqa: F811
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    yield page
+    context.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+async def publish_run(server_url: str, redis_url: str, session: str) -> None:
+    publisher = PusherHTTPPublisher(server_url, "1", "agent-key", "agent-secret")
+    client = Redis.from_url(redis_url)
+    try:
+        store = RedisStateStore(client, "1")
+        await broadcast_pydantic_ai(
+            pydantic_agent(), QUESTION, publisher, session, state_store=store
+        )
+        assert await publisher.flush(10)
+    finally:
+        await publisher.aclose()
+        await client.aclose()
+
+
+def test_a_pydantic_ai_run_is_shown_live_on_the_dashboard_and_in_sync(
+    page: Page,
+    server_factory: ServerFactory,
+    redis_server: RedisServer,
+    artifacts,  # noqa: F811
+) -> None:
+    server = server_factory("--demo", "--backend", redis_server.url, "--log-level", "warning")
+    session = f"pai-{uuid.uuid4().hex[:12]}"
+    page.goto(server.url + "/")
+    expect(page.locator("body")).to_have_attribute("data-ready", "true", timeout=WAIT_MS)
+    page.get_by_label("attach to a session id").fill(session)
+    page.get_by_role("button", name="Attach").press("Enter")
+    expect(page.locator("#session-id")).to_have_text(session, timeout=WAIT_MS)
+
+    # playwright's sync API keeps an event loop in this thread: the run gets its own.
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, publish_run(server.url, redis_server.url, session)).result(30)
+
+    expect(page.get_by_label("Run status")).to_have_text("completed", timeout=WAIT_MS)
+    expect(page.locator("#timeline > li.step")).to_have_count(2)
+    tool = page.locator('#step-1 li.tool[data-tool-call-id="call_p1"]')
+    expect(tool).to_have_attribute("data-state", "ok")
+    expect(tool.locator(".tool-name")).to_have_text("weather")
+    expect(tool.locator(".tool-args")).to_contain_text("Oslo")
+    expect(page.locator("#step-1 .finish")).to_have_text("tool_calls")
+    expect(page.locator("#step-2 .finish")).to_have_text("stop")
+    expect(page.locator("#answer")).to_contain_text(ANSWER)
+    expect(page.locator("#total-tokens")).not_to_have_text("0")
+    expect(page.locator("#reconcile")).to_have_attribute("data-state", "in_sync", timeout=WAIT_MS)
+    expect(page.get_by_role("status").filter(has_text=re.compile("In sync"))).to_be_visible()
+    page.screenshot(path=artifacts / "pydantic-ai-run-1280x800.png")

@@ -1,0 +1,63 @@
+// Reads a run's Vercel AI SDK UI message stream with the `ai` package's own parts:
+// parseJsonEventStream + uiMessageChunkSchema (what useChat's transport does with the
+// response) validate every chunk, and readUIMessageStream builds the assistant message
+// from them. Prints one JSON line: the response headers, the chunks, the message.
+//
+// Usage: node vercel_ai_client.mjs post <url> <chatId> <user text> [pace_ms]
+//        node vercel_ai_client.mjs get <url of <path>/<chatId>/stream>
+import { parseJsonEventStream, readUIMessageStream, uiMessageChunkSchema } from "ai";
+
+const [mode, url, chatId, text, paceMs = "0"] = process.argv.slice(2);
+const report = (fields) => process.stdout.write(JSON.stringify(fields) + "\n");
+
+async function request() {
+  if (mode === "get") return fetch(url);
+  return fetch(url, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({
+      id: chatId,
+      trigger: "submit-message",
+      messageId: undefined,
+      messages: [{ id: `${chatId}-user`, role: "user", parts: [{ type: "text", text }] }],
+      pace_ms: Number(paceMs),
+      trace: true,
+    }),
+  });
+}
+
+try {
+  const response = await request();
+  const headers = Object.fromEntries(response.headers.entries());
+  if (!response.ok) throw new Error(`HTTP ${response.status}: ${await response.text()}`);
+  const [forParser, forRaw] = response.body.tee();
+  const rawText = new Response(forRaw).text();
+  const chunks = [];
+  const invalid = [];
+  const parsed = parseJsonEventStream({ stream: forParser, schema: uiMessageChunkSchema });
+  for await (const result of parsed) {
+    if (result.success) chunks.push(result.value);
+    else invalid.push({ raw: result.rawValue, error: String(result.error?.message ?? result.error) });
+  }
+  const stream = new ReadableStream({
+    start(controller) {
+      for (const chunk of chunks) controller.enqueue(chunk);
+      controller.close();
+    },
+  });
+  let message = null;
+  const errors = [];
+  for await (const built of readUIMessageStream({
+    stream,
+    terminateOnError: true,
+    onError: (error) => errors.push(String(error?.message ?? error)),
+  })) {
+    message = built;
+  }
+  const raw = await rawText;
+  report({ ok: invalid.length === 0 && errors.length === 0, headers, chunks, invalid, errors, message,
+           endsWithDone: raw.trimEnd().endsWith("data: [DONE]") });
+} catch (error) {
+  report({ ok: false, error: String(error?.stack ?? error) });
+  process.exitCode = 1;
+}
