@@ -30,37 +30,6 @@ Module map::
 
 from agent_core.agent import Agent
 from agent_core.builder import AgentBuilder
-from agent_core.capabilities import (
-    Capability,
-    CapabilityRegistry,
-    CapabilityResult,
-    FunctionCapability,
-)
-from agent_core.chat import (
-    CallableParticipant,
-    Chat,
-    ChatState,
-    ChatStep,
-    ModelParticipant,
-    Participant,
-    ScriptedParticipant,
-)
-from agent_core.classifier import (
-    Intent,
-    IntentClassifier,
-    ModelIntentClassifier,
-    Rule,
-    RuleBasedClassifier,
-)
-from agent_core.collaboration import (
-    CallableCollaborator,
-    Collaboration,
-    CollaborationState,
-    CollaborationStep,
-    Collaborator,
-    ModelCollaborator,
-    ScriptedCollaborator,
-)
 from agent_core.continuation import (
     CallableCriterion,
     ContinuationCriteria,
@@ -80,13 +49,6 @@ from agent_core.criteria import (
     StepsLimit,
     TokenUsageLimit,
     ToolCallPresenceCheck,
-)
-from agent_core.decider import (
-    ContinuationDecider,
-    ContinuationResult,
-    DeciderCriterion,
-    ModelContinuationDecider,
-    NoOpContinuationDecider,
 )
 from agent_core.drivers.base import ModelDriver, ModelRequest, ModelResponse
 from agent_core.drivers.scripted import ScriptedDriver, ScriptedFailure, ScriptedResponse
@@ -126,7 +88,25 @@ from agent_core.lifecycle import (
 )
 from agent_core.loop import AgentLoop
 from agent_core.messages import FinishReason, Message, Role, ToolCall, Usage
-from agent_core.orchestration_events import (
+from agent_core.orchestrators.chat import (
+    CallableParticipant,
+    Chat,
+    ChatState,
+    ChatStep,
+    ModelParticipant,
+    Participant,
+    ScriptedParticipant,
+)
+from agent_core.orchestrators.collaboration import (
+    CallableCollaborator,
+    Collaboration,
+    CollaborationState,
+    CollaborationStep,
+    Collaborator,
+    ModelCollaborator,
+    ScriptedCollaborator,
+)
+from agent_core.orchestrators.orchestration_events import (
     ActorSelected,
     CapabilitySelected,
     CollaboratorSelected,
@@ -143,24 +123,60 @@ from agent_core.orchestration_events import (
     ReferencesResolved,
     SessionMemoryAppended,
 )
-from agent_core.process import CurrentStep, ProcessState, ProcessStep, StepRecord
-from agent_core.process_serialization import (
+from agent_core.orchestrators.process import CurrentStep, ProcessState, ProcessStep, StepRecord
+from agent_core.orchestrators.process_serialization import (
     FullProcessStateSerializer,
     SlimProcessStateSerializer,
 )
-from agent_core.routing import CapabilityRouter, RoutingState, RoutingStep
-from agent_core.serialization import (
-    AgentStateSerializer,
-    FullAgentStateSerializer,
-    SerializationError,
+from agent_core.orchestrators.routing.capabilities import (
+    Capability,
+    CapabilityRegistry,
+    CapabilityResult,
+    FunctionCapability,
 )
-from agent_core.session import (
+from agent_core.orchestrators.routing.classifier import (
+    Intent,
+    IntentClassifier,
+    ModelIntentClassifier,
+    Rule,
+    RuleBasedClassifier,
+)
+from agent_core.orchestrators.routing.decider import (
+    ContinuationDecider,
+    ContinuationResult,
+    DeciderCriterion,
+    ModelContinuationDecider,
+    NoOpContinuationDecider,
+)
+from agent_core.orchestrators.routing.memory import (
     InMemorySessionMemory,
     ModelReferenceResolver,
     ReferenceResolver,
     SessionContext,
     SessionMemory,
     SessionTurn,
+)
+from agent_core.orchestrators.routing.router import CapabilityRouter, RoutingState, RoutingStep
+from agent_core.orchestrators.stepbystep import (
+    AccumulateUsage,
+    AppendStepMessages,
+    StateProcessor,
+    StepByStep,
+    StepContext,
+)
+from agent_core.orchestrators.tooluse import ToolUse, ToolUseState
+from agent_core.orchestrators.turns import (
+    ActorReply,
+    ActorSelector,
+    ModelSelector,
+    RoundRobinSelector,
+    Selection,
+    Turn,
+)
+from agent_core.serialization import (
+    AgentStateSerializer,
+    FullAgentStateSerializer,
+    SerializationError,
 )
 from agent_core.slim import SlimAgentStateSerializer, SlimSerializationConfig
 from agent_core.state import (
@@ -169,13 +185,6 @@ from agent_core.state import (
     CurrentExecution,
     ExecutionDecision,
     ExecutionState,
-)
-from agent_core.stepbystep import (
-    AccumulateUsage,
-    AppendStepMessages,
-    StateProcessor,
-    StepByStep,
-    StepContext,
 )
 from agent_core.steps import (
     AgentStep,
@@ -186,15 +195,6 @@ from agent_core.steps import (
     ToolExecution,
 )
 from agent_core.tools import Tool, ToolRegistry, tool
-from agent_core.tooluse import ToolUse, ToolUseState
-from agent_core.turns import (
-    ActorReply,
-    ActorSelector,
-    ModelSelector,
-    RoundRobinSelector,
-    Selection,
-    Turn,
-)
 
 __all__ = [
     "AccumulateUsage",

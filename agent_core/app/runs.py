@@ -2,7 +2,7 @@
 
 :class:`RunManager` is what ``POST /run {input, session_id?, mode?}`` (seed 002's
 request shape) calls. It answers at once with the session, execution and channel, runs
-the agent in the background with an :class:`~agent_core.broadcasting.AgentEventAdapter`,
+the agent in the background with an :class:`~agent_core.adapters.broadcasting.AgentEventAdapter`,
 stores the final slim snapshot (standard preset with the continuation trace, so it says
 why the run stopped, and a failed run's error message) for reconcile before the final
 ``agent.status``, and refuses a second run on a busy session. A new run on a session
@@ -11,14 +11,14 @@ the earlier runs' steps.
 
 ``mode`` ``"route"`` runs the capability router instead (seed 002: resolve references,
 classify, execute a capability, ask the continuation decider, remember the turn),
-published by an :class:`~agent_core.orchestration_broadcasting.OrchestrationEventAdapter`;
+published by an :class:`~agent_core.adapters.orchestration_broadcasting.OrchestrationEventAdapter`;
 its final snapshot is the slim process snapshot (with the last continuation) plus a
 ``routing`` object (input, resolved input, intent, capabilities, decisions, decider
 errors, and the session's turns, which the next routed run of the session resolves
 against).
 
 The manager does not know the demo: its composition root passes the agent's driver
-factory and tools, and the router factory (:mod:`agent_core.demo_routing`).
+factory and tools, and the router factory (:mod:`agent_core.app.demo_routing`).
 
 Admission, in order: the session must be free (:class:`SessionBusy`, 409; with
 ``claims`` the session is claimed in the backend, a lease renewed while the run goes,
@@ -44,7 +44,8 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_core._time import utc_now
-from agent_core.broadcasting import AdapterOptions, AgentEventAdapter
+from agent_core.adapters.broadcasting import AdapterOptions, AgentEventAdapter
+from agent_core.adapters.orchestration_broadcasting import OrchestrationEventAdapter
 from agent_core.builder import DEFAULT_MAX_STEPS, AgentBuilder
 from agent_core.continuation import (
     ContinuationDecision,
@@ -54,10 +55,9 @@ from agent_core.continuation import (
 )
 from agent_core.drivers.base import ModelDriver, ModelRequest, StreamEvent
 from agent_core.messages import Role
-from agent_core.orchestration_broadcasting import OrchestrationEventAdapter
-from agent_core.process_serialization import SlimProcessStateSerializer
-from agent_core.routing import CapabilityRouter, RoutingState
-from agent_core.session import SessionContext, SessionMemory, SessionTurn
+from agent_core.orchestrators.process_serialization import SlimProcessStateSerializer
+from agent_core.orchestrators.routing.memory import SessionContext, SessionMemory, SessionTurn
+from agent_core.orchestrators.routing.router import CapabilityRouter, RoutingState
 from agent_core.slim import SlimAgentStateSerializer, SlimSerializationConfig
 from agent_core.state import AgentState, AgentStatus
 from agent_core.tools import Tool

@@ -23,11 +23,11 @@ import json
 from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 
-from agent_core.process import ProcessState, StepRecord
+from agent_core.orchestrators.process import ProcessState, StepRecord
+from agent_core.orchestrators.stepbystep import step_tool_calls
 from agent_core.serialization import SerializationError, rebuild
 from agent_core.slim import SlimAgentStateSerializer, SlimSerializationConfig
 from agent_core.state import AgentState
-from agent_core.stepbystep import step_tool_calls
 
 __all__ = ["FullProcessStateSerializer", "SlimProcessStateSerializer"]
 

@@ -12,7 +12,7 @@ import httpx
 import jsonschema
 import pytest
 
-from agent_core.demo import session_token as demo_session_token
+from agent_core.app.demo import session_token as demo_session_token
 from broadcaster._frames import Outgoing
 from broadcaster.connection import Delivery
 from broadcaster.envelope import json_schema

@@ -26,7 +26,7 @@ from tests.support import RedisServer, ServerProcess, free_port
 
 pytestmark = pytest.mark.browser
 
-# The scripted demo agent (agent_core.demo_tools.demo_script): three steps.
+# The scripted demo agent (agent_core.app.demo_tools.demo_script): three steps.
 STEPS = 3
 TOOL_CALLS = {1: ["call_weather_1"], 2: ["call_calc_1"], 3: []}
 WAIT_MS = 20_000

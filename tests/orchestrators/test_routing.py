@@ -6,32 +6,40 @@ import json
 
 import pytest
 
-from agent_core.capabilities import CapabilityRegistry, CapabilityResult, FunctionCapability
-from agent_core.classifier import ModelIntentClassifier, Rule, RuleBasedClassifier
+from agent_core.app.demo_tools import calculator, get_weather
 from agent_core.continuation import ContinuationDecision, StopReason
-from agent_core.decider import ContinuationResult, ModelContinuationDecider
-from agent_core.demo_tools import calculator, get_weather
 from agent_core.drivers.scripted import ScriptedDriver, ScriptedResponse
 from agent_core.errors import ErrorType, ValidationError
 from agent_core.events import ToolCallCompleted, ToolCallStarted
-from agent_core.orchestration_events import (
+from agent_core.orchestrators.orchestration_events import (
     CapabilitySelected,
     ContinuationDecided,
     IntentClassified,
     ReferencesResolved,
     SessionMemoryAppended,
 )
-from agent_core.process_serialization import (
+from agent_core.orchestrators.process_serialization import (
     FullProcessStateSerializer,
     SlimProcessStateSerializer,
 )
-from agent_core.routing import CapabilityRouter, RoutingState
-from agent_core.session import (
+from agent_core.orchestrators.routing.capabilities import (
+    CapabilityRegistry,
+    CapabilityResult,
+    FunctionCapability,
+)
+from agent_core.orchestrators.routing.classifier import (
+    ModelIntentClassifier,
+    Rule,
+    RuleBasedClassifier,
+)
+from agent_core.orchestrators.routing.decider import ContinuationResult, ModelContinuationDecider
+from agent_core.orchestrators.routing.memory import (
     InMemorySessionMemory,
     ModelReferenceResolver,
     SessionContext,
     SessionTurn,
 )
+from agent_core.orchestrators.routing.router import CapabilityRouter, RoutingState
 from agent_core.state import AgentStatus
 from tests.agent_core.factories import TickingClock
 from tests.orchestrators.support import Recorder

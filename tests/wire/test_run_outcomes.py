@@ -11,9 +11,9 @@ import httpx
 import jsonschema
 import orjson
 
-from agent_core.broadcasting import AdapterOptions, AgentEventAdapter
+from agent_core.adapters.broadcasting import AdapterOptions, AgentEventAdapter
+from agent_core.app.demo_tools import FAIL_MODEL, FAIL_TOOL, demo_driver
 from agent_core.builder import AgentBuilder
-from agent_core.demo_tools import FAIL_MODEL, FAIL_TOOL, demo_driver
 from agent_core.state import AgentState, AgentStatus
 from broadcaster.envelope import json_schema
 from broadcaster.publishers import RecordingPublisher
