@@ -21,8 +21,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from broadcaster._frames import Outgoing, close_reason
-from broadcaster._uvicorn import RawSocket
 from broadcaster.settings import AppConfig
+from broadcaster.transport import RawSocket
 
 __all__ = [
     "SLOW_CONSUMER_CODE",

@@ -23,7 +23,6 @@ import orjson
 from broadcaster import protocol
 from broadcaster._frames import Outgoing
 from broadcaster._text import excerpt
-from broadcaster._uvicorn import RawSocket
 from broadcaster.backends import create_backend
 from broadcaster.backends.base import Backend, BackendUnavailable, PresenceFull, PresenceMember
 from broadcaster.channels import server_to_user_id
@@ -34,6 +33,7 @@ from broadcaster.hub import Hub
 from broadcaster.metrics import Metrics
 from broadcaster.publication import Position, Publication
 from broadcaster.settings import AppConfig, Settings
+from broadcaster.transport import RawSocket
 
 __all__ = ["PROTOCOL_VERSION", "Node"]
 

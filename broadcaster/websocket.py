@@ -30,11 +30,11 @@ from starlette.types import Receive, Scope, Send
 
 from broadcaster import protocol
 from broadcaster._frames import Outgoing, close_reason, text_frame
-from broadcaster._uvicorn import EXTENSION, NativeSocket, RawSocket
 from broadcaster.codes import ErrorCode
 from broadcaster.connection import Connection
 from broadcaster.exceptions import ProtocolError
 from broadcaster.node import Node
+from broadcaster.transport import EXTENSION, NativeSocket, RawSocket
 
 __all__ = ["BadPathEndpoint", "NativeSessions", "WebSocketEndpoint"]
 
@@ -88,7 +88,7 @@ class WebSocketEndpoint:
 
 class NativeSessions:
     """Serves ``/app/{key}`` without ASGI under the fast-path protocol (see the module
-    doc and :class:`broadcaster._uvicorn.Sessions`)."""
+    doc and :class:`broadcaster.transport.Sessions`)."""
 
     __slots__ = ("node",)
 

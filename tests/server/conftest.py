@@ -80,15 +80,19 @@ async def start_server() -> AsyncIterator[StartServer]:
     started: list[LiveServer] = []
 
     async def start(
-        ws: str | None = None, backend_object: Backend | None = None, **overrides: Any
+        ws: Any = None,
+        backend_object: Backend | None = None,
+        http: Any = None,
+        **overrides: Any,
     ) -> LiveServer:
-        """``ws`` names another uvicorn WebSocket implementation (no fast path);
-        ``backend_object`` replaces the backend the settings name."""
+        """``ws`` names another uvicorn WebSocket implementation (no fast path), ``http``
+        another HTTP one (no guard); ``backend_object`` replaces the backend the settings
+        name."""
         settings = load_settings(port=0, log_level="warning", **overrides)
         node = Node(settings, backend=backend_object)
         config = uvicorn.Config(
             create_app(settings, node),
-            http=http_protocol(settings),
+            http=http or http_protocol(settings),
             ws=ws or protocol_class(shutdown_abort_after=1.0),
             ws_per_message_deflate=False,
             ws_max_size=ws_max_size(settings),
