@@ -33,7 +33,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request
 
 from broadcaster._frames import close_reason
-from broadcaster.codes import ErrorCode
+from broadcaster.codes import CloseCode, ErrorCode
 from broadcaster.transport import EXTENSION, SESSIONS_STATE, Session, Sessions
 
 __all__ = ["SHUTDOWN_CLOSE_CODE", "FastWebSocketProtocol", "protocol_class"]
@@ -130,7 +130,7 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
         try:
             text = data.decode()
         except UnicodeDecodeError:
-            self.conn.send_close(1007, "invalid UTF-8")
+            self.conn.send_close(CloseCode.INVALID_PAYLOAD, "invalid UTF-8")
             self.handle_parser_exception()
             return
         session.received(text)

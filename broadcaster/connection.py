@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from broadcaster._frames import Outgoing, close_reason
+from broadcaster.codes import SLOW_CONSUMER
 from broadcaster.settings import AppConfig
 from broadcaster.transport import RawSocket
 
@@ -33,7 +34,7 @@ __all__ = [
     "QueuedConnection",
 ]
 
-SLOW_CONSUMER_CODE = 4100
+SLOW_CONSUMER_CODE = SLOW_CONSUMER
 AsgiSend = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 

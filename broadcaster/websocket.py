@@ -30,7 +30,7 @@ from starlette.types import Receive, Scope, Send
 
 from broadcaster import protocol
 from broadcaster._frames import Outgoing, close_reason, text_frame
-from broadcaster.codes import ErrorCode
+from broadcaster.codes import CloseCode, ErrorCode
 from broadcaster.connection import Connection
 from broadcaster.exceptions import ProtocolError
 from broadcaster.node import Node
@@ -41,7 +41,6 @@ __all__ = ["BadPathEndpoint", "NativeSessions", "WebSocketEndpoint"]
 log = logging.getLogger("broadcaster.websocket")
 _PONG = Outgoing(protocol.pong())
 _APP_PREFIX = "/app/"
-_INTERNAL_ERROR = 1011  # RFC 6455: the server met an unexpected condition
 
 
 class WebSocketEndpoint:
@@ -169,7 +168,7 @@ class _NativeSession:
                         await more
         except Exception:
             log.exception("unexpected error serving %s; closing it", conn.socket_id)
-            conn.close(_INTERNAL_ERROR, "internal server error")
+            conn.close(CloseCode.INTERNAL_ERROR, "internal server error")
             gone = _GONE in backlog
         finally:
             self._backlog = None
