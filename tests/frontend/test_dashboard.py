@@ -20,9 +20,8 @@ import pytest
 from playwright.sync_api import APIResponse, Browser, Page, Route, expect
 from websockets.sync.client import connect
 
-from tests.conftest import ServerFactory
 from tests.frontend.proxy import CuttableProxy
-from tests.support import RedisServer, ServerProcess, free_port
+from tests.support.processes import RedisServer, ServerFactory, ServerProcess, free_port
 
 pytestmark = pytest.mark.browser
 

@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.frontend.test_dashboard import WAIT_MS, page, screenshot  # noqa: F401
-from tests.support import ServerProcess
+from tests.support.processes import ServerProcess
 
 pytestmark = pytest.mark.browser
 

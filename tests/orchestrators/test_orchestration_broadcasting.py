@@ -32,7 +32,7 @@ from broadcaster.envelope import Envelope
 from broadcaster.publishers import InProcessPublisher, PusherHTTPPublisher, RecordingPublisher
 from tests.agent_core.factories import TickingClock
 from tests.orchestrators.support import valid
-from tests.server.conftest import APP_ID, KEY, SECRET, Client, StartServer
+from tests.support.live import APP_ID, KEY, SECRET, Client, StartServer
 
 TRACE = AdapterOptions(include_continuation_trace=True)
 

@@ -13,7 +13,7 @@ from broadcaster._compat import Contract
 from broadcaster.connection import AsgiConnection
 from broadcaster.server import http_protocol, ws_protocol
 from broadcaster.settings import load_settings
-from tests.server.conftest import APP_ID, Client, StartServer
+from tests.support.live import APP_ID, Client, StartServer
 
 Connect = Callable[..., Awaitable[Client]]
 

@@ -1,4 +1,6 @@
-"""In-process servers on free ports and a small Pusher WebSocket client for the tests.
+"""In-process servers on free ports and a small Pusher WebSocket client for the tests
+(the fixtures that use them, ``start_server``, ``live`` and ``clients``, are in
+tests/server/conftest.py).
 
 ``live_server`` runs the real application under uvicorn, with the same fast-path
 WebSocket protocol as ``agent-broadcaster serve``, inside the test's event loop: real
@@ -10,23 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
 import uvicorn
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from broadcaster._uvicorn import protocol_class
-from broadcaster.app import create_app
-from broadcaster.backends.base import Backend
 from broadcaster.node import Node
-from broadcaster.server import http_protocol, ws_max_size
-from broadcaster.settings import load_settings
 
 KEY = "agent-key"
 SECRET = "agent-secret"
@@ -55,74 +50,20 @@ class LiveServer:
 StartServer = Callable[..., Awaitable[LiveServer]]
 
 
-class _QuietServer(uvicorn.Server):
+class QuietServer(uvicorn.Server):
     """Leaves the test process's signal handlers alone."""
 
     def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
         return contextlib.nullcontext()
 
 
-async def _wait_for(predicate: Callable[[], bool], what: str, within: float = 10) -> None:
+async def wait_for(predicate: Callable[[], bool], what: str, within: float = 10) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     while not predicate():
         if loop.time() > deadline:
             raise TimeoutError(f"timed out waiting for {what}")
         await asyncio.sleep(0.01)
-
-
-wait_for = _wait_for
-
-
-@pytest.fixture
-async def start_server() -> AsyncIterator[StartServer]:
-    """Start in-process servers with settings overrides; all are stopped afterwards."""
-    started: list[LiveServer] = []
-
-    async def start(
-        ws: Any = None,
-        backend_object: Backend | None = None,
-        http: Any = None,
-        **overrides: Any,
-    ) -> LiveServer:
-        """``ws`` names another uvicorn WebSocket implementation (no fast path), ``http``
-        another HTTP one (no guard); ``backend_object`` replaces the backend the settings
-        name."""
-        settings = load_settings(port=0, log_level="warning", **overrides)
-        node = Node(settings, backend=backend_object)
-        config = uvicorn.Config(
-            create_app(settings, node),
-            http=http or http_protocol(settings),
-            ws=ws or protocol_class(shutdown_abort_after=1.0),
-            ws_per_message_deflate=False,
-            ws_max_size=ws_max_size(settings),
-            lifespan="on",
-            log_level="warning",
-            timeout_graceful_shutdown=3,
-        )
-        server = _QuietServer(config)
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        await _wait_for(lambda: server.started or task.done(), "the server to start")
-        if task.done():
-            sock.close()
-            task.result()
-        live = LiveServer(f"http://127.0.0.1:{port}", node, server, task)
-        started.append(live)
-        return live
-
-    yield start
-    for live in started:
-        if not live.task.done():
-            await live.stop()
-
-
-@pytest.fixture
-async def live(start_server: StartServer) -> LiveServer:
-    """One in-process server with the default app and the memory backend."""
-    return await start_server()
 
 
 def write_apps(path: Path, *apps: dict[str, Any]) -> Path:
@@ -182,18 +123,3 @@ class Client:
 
     async def close(self) -> None:
         await self.ws.close()
-
-
-@pytest.fixture
-async def clients() -> AsyncIterator[Callable[..., Awaitable[Client]]]:
-    """Connect Pusher clients; all are closed afterwards."""
-    opened: list[Client] = []
-
-    async def connect(url: str, **kwargs: Any) -> Client:
-        client = await Client.connect(url, **kwargs)
-        opened.append(client)
-        return client
-
-    yield connect
-    for client in opened:
-        await client.close()

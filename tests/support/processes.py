@@ -16,7 +16,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
@@ -210,3 +210,7 @@ class ServerProcess:
                 self.proc.wait(10)
         self._close()
         return self.proc.returncode
+
+
+ServerFactory = Callable[..., ServerProcess]
+"""Starts a ``python -m broadcaster serve`` process (the ``server_factory`` fixture)."""

@@ -31,9 +31,9 @@ from tests.agent_core.test_openai_driver import (  # noqa: F401
     text,
     usage,
 )
-from tests.conftest import ServerFactory
 from tests.orchestrators.support import valid
-from tests.server.conftest import Client
+from tests.support.live import Client
+from tests.support.processes import ServerFactory
 from tests.wire.test_runs import Event, read_run, start_run, subscribe
 
 Connect = Callable[..., Awaitable[Client]]

@@ -19,10 +19,9 @@ from redis.asyncio import Redis
 from agent_core.app.runs import RunRequest
 from agent_core.app.worker import RunQueue, Worker
 from broadcaster.publishers import state_key
-from tests.conftest import ServerFactory
 from tests.reliability.helpers import eventually
-from tests.server.conftest import Client
-from tests.support import REPO, RedisServer
+from tests.support.live import Client
+from tests.support.processes import REPO, RedisServer, ServerFactory
 from tests.wire.test_routed_runs import ROUTED_RUN, phases
 from tests.wire.test_runs import read_run, start_run, subscribe
 
