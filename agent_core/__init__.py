@@ -1,5 +1,7 @@
 """The agent lifecycle engine: immutable state, continuation criteria, lifecycle
-observers, tools, model drivers, events and serialization.
+observers, tools, model drivers, events and serialization; the orchestrators built on
+it; the adapters to the broadcaster's envelope; and the application that serves runs.
+See docs/agent_core.md.
 
 Module map::
 
@@ -14,18 +16,23 @@ Module map::
     hooks          user hooks by priority
     loop           AgentLoop (the only place that awaits)
     agent/builder  Agent and AgentBuilder (the defaults)
-    serialization  full round trip; slim: the compact snapshot (seed 004)
-    drivers        the driver protocol, the scripted driver, the OpenAI-compatible one
-    demo_tools     deterministic demo tools and the demo script
+    serialization  full round trip; slim: the compact snapshot
+    messages, errors   messages, tool calls, usage; the error hierarchy
+    drivers/       the driver protocol, the scripted driver, the OpenAI-compatible one
 
-    process        ProcessState, StepRecord: the state of the other orchestrators
-    stepbystep     StepByStep (the generic base), state processors, StepContext
-    tooluse        ToolUse;  chat: Chat;  collaboration: Collaboration
-    turns          actors and selectors shared by Chat and Collaboration
-    orchestration_events   their events
-    process_serialization  full and slim serializers of process states
-    capabilities, classifier, decider, session, routing   capability routing (seed 002)
-    orchestration_broadcasting   orchestrator events -> envelopes
+    orchestrators/
+        process        ProcessState, StepRecord: the state of the orchestrators
+        stepbystep     StepByStep (the generic base), state processors, StepContext
+        tooluse        ToolUse;  chat: Chat;  collaboration: Collaboration
+        turns          actors and selectors shared by Chat and Collaboration
+        orchestration_events   their events
+        process_serialization  full and slim serializers of process states
+        routing/       capabilities, classifier, decider, memory (session), router
+    adapters/
+        broadcasting               agent events -> envelopes
+        orchestration_broadcasting orchestrator events -> envelopes
+    app/           runs, worker, demo, demo_tools, demo_routing, agui: the composition
+                   root, the only part that imports the broadcaster's server modules
 """
 
 from agent_core.agent import Agent

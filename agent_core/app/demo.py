@@ -93,7 +93,7 @@ class DemoSettings(BaseSettings):
     run_default_mode: Literal["agent", "route"] = Field(
         default="agent",
         description="the mode of a POST /run that names none: agent (the tool-using "
-        "agent) or route (the capability router, seed 002)",
+        "agent) or route (the capability router)",
     )
     max_runs: int = Field(
         default=1000, ge=1, description="runs at once on this node (local mode); more: 503"

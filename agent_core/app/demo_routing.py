@@ -1,4 +1,4 @@
-"""The demo's capability router (seed 002 behind ``POST /run {"mode": "route"}``).
+"""The demo's capability router (behind ``POST /run {"mode": "route"}``).
 
 Three capabilities:
 
@@ -10,7 +10,7 @@ With the scripted driver everything is deterministic and offline: a rule-based
 classifier (summary requests, then weather requests, else chat), a follow-up resolver
 ("and in Paris?" after a weather request asks about Paris), scripted chat and summary
 answers. With ``AGENT_DEMO_DRIVER=openai`` the classifier, the resolver and the
-capabilities use the OpenAI-compatible driver. The decider is the no-op one (seed 002's
+capabilities use the OpenAI-compatible driver. The decider is the no-op one (the routing design's
 production default): each request runs one capability.
 
 :func:`demo_parts` gives what :class:`~agent_core.app.runs.RunManager` needs (the agent's

@@ -1,6 +1,6 @@
 """Runs: start an agent for a session and let its events flow to ``agent.<session>``.
 
-:class:`RunManager` is what ``POST /run {input, session_id?, mode?}`` (seed 002's
+:class:`RunManager` is what ``POST /run {input, session_id?, mode?}`` (the routing design's
 request shape) calls. It answers at once with the session, execution and channel, runs
 the agent in the background with an :class:`~agent_core.adapters.broadcasting.AgentEventAdapter`,
 stores the final slim snapshot (standard preset with the continuation trace, so it says
@@ -9,7 +9,7 @@ why the run stopped, and a failed run's error message) for reconcile before the 
 with a stored snapshot continues that conversation, and its step numbers continue after
 the earlier runs' steps.
 
-``mode`` ``"route"`` runs the capability router instead (seed 002: resolve references,
+``mode`` ``"route"`` runs the capability router instead (docs/agent_core.md: resolve references,
 classify, execute a capability, ask the continuation decider, remember the turn),
 published by an :class:`~agent_core.adapters.orchestration_broadcasting.OrchestrationEventAdapter`;
 its final snapshot is the slim process snapshot (with the last continuation) plus a
@@ -132,7 +132,7 @@ class RunRequest(BaseModel):
     )
     mode: RunMode | None = Field(
         default=None,
-        description="agent: the tool-using agent; route: the capability router (seed 002); "
+        description="agent: the tool-using agent; route: the capability router; "
         "default: the server's setting",
     )
 
@@ -342,7 +342,7 @@ def new_execution_id() -> str:
 
 
 def snapshot_config() -> SlimSerializationConfig:
-    """What runs store for reconcile: seed 004's standard preset with the continuation
+    """What runs store for reconcile: the slim snapshot's standard preset with the continuation
     trace on (``last_continuation`` says why the run stopped and who decided)."""
     return replace(SlimSerializationConfig.standard(), include_continuation_trace=True)
 
@@ -586,7 +586,7 @@ class RunManager:
         await self.state_store.save(handle.channel, orjson.dumps(snapshot))
         return self.state_url(handle.session_id)
 
-    # -- routed runs (seed 002) -----------------------------------------------------------
+    # -- routed runs --------------------------------------------------------------------
 
     async def route(self, handle: RunHandle, request: RunRequest) -> AgentState | None:
         """Run ``request`` through the capability router as ``handle``: the final state

@@ -1,4 +1,4 @@
-"""Chat: participants take turns on the step-by-step base (seed 000).
+"""Chat: participants take turns on the step-by-step base (docs/agent_core.md).
 
 A selector (:class:`~agent_core.orchestrators.turns.RoundRobinSelector` by default, or
 :class:`~agent_core.orchestrators.turns.ModelSelector`) chooses the participant of each step; the
@@ -7,7 +7,7 @@ participant answers and the answer is recorded as a :class:`ChatStep` in a
 :class:`CallableParticipant` (external), :class:`ModelParticipant` (a model, with or
 without tools). Events: ``chat.participant.selected`` plus the process events.
 
-Defaults (SPEC-agent-core): finish reasons stop/length/content_filter end the chat,
+Defaults (docs/agent_core.md): finish reasons stop/length/content_filter end the chat,
 16 steps, 4096 tokens, an error check that retries a failed turn twice.
 """
 

@@ -1,4 +1,4 @@
-"""Collaboration: collaborators take turns on a shared task (seed 000).
+"""Collaboration: collaborators take turns on a shared task (docs/agent_core.md).
 
 The same shape as :mod:`agent_core.orchestrators.chat` with collaborators: a selector chooses the
 collaborator of each step (round robin, or a model naming one with a fallback to the

@@ -2,7 +2,7 @@
 
 :class:`FullProcessStateSerializer` is the lossless round trip of
 :meth:`ProcessState.to_dict` / :meth:`ProcessState.from_dict`.
-:class:`SlimProcessStateSerializer` writes the slim snapshot of seed 004 with the same
+:class:`SlimProcessStateSerializer` writes the slim snapshot (docs/agent_core.md) with the same
 :class:`~agent_core.slim.SlimSerializationConfig` and message/usage/execution form as
 the agent's (it delegates those to :class:`~agent_core.slim.SlimAgentStateSerializer`),
 with ``id`` and ``process`` in place of ``agent_id`` and each step summary naming its

@@ -1,5 +1,5 @@
 """The generic step-by-step base under the tool-use, chat, collaboration and routing
-orchestrators (seed 000).
+orchestrators (docs/agent_core.md).
 
 :class:`StepByStep` runs a :class:`~agent_core.orchestrators.process.ProcessState` step by step:
 

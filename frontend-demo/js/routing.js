@@ -1,4 +1,4 @@
-// Capability routing (seed 002) as the page knows it: which capability ran in a step
+// Capability routing as the page knows it: which capability ran in a step
 // and why. Pure data and functions (no DOM), like run-model.js.
 //
 // A routed run's phases arrive as tool pairs with reserved names (see

@@ -1,4 +1,4 @@
-"""Slim snapshots: seed 004's schema, truncation, omission, redaction, presets, timing
+"""Slim snapshots: the schema (docs/agent_core.md), truncation, omission, redaction, presets, timing
 across pause/resume, and continuing a run from a restored snapshot."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A routed run (``mode: route``, seed 002) on the live dashboard in a real browser: the
+"""A routed run (``mode: route``) on the live dashboard in a real browser: the
 page shows which capability ran and why (intent, confidence, reason, decider verdict),
 keeps the routing phases apart from the step's tool calls, and reconciles in sync."""
 

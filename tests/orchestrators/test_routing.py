@@ -1,4 +1,4 @@
-"""Capability routing (seed 002): resolve, classify, execute, decide, loop, remember."""
+"""Capability routing: resolve, classify, execute, decide, loop, remember."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ async def test_one_request_runs_one_capability_with_the_noop_decider() -> None:
 
 
 async def test_the_model_decider_chains_capabilities_and_writes_the_answer() -> None:
-    """Phase 8: while the decider is not done, the capability it names runs next."""
+    """The routing loop: while the decider is not done, the capability it names runs next."""
     driver = ScriptedDriver(
         [
             decide(done=False, next_capability="calculator", arguments={"expression": "10*9/5+32"}),

@@ -1,4 +1,4 @@
-"""The envelope adapter: agent events in, ordered envelopes out (seed 004)."""
+"""The envelope adapter: agent events in, ordered envelopes out."""
 
 from __future__ import annotations
 

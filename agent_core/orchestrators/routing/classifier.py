@@ -1,4 +1,4 @@
-"""Intent classification (seed 002): which capability a request needs, with which
+"""Intent classification (docs/agent_core.md, routing): which capability a request needs, with which
 arguments.
 
 :class:`RuleBasedClassifier` (the default) matches ordered regular-expression rules;

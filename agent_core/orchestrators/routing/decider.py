@@ -1,4 +1,4 @@
-"""Continuation deciders (seed 002, Phases 7 and 8): after each capability execution,
+"""Continuation deciders (docs/agent_core.md, routing): after each capability execution,
 is the request done, or should another capability run?
 
 A decider returns a structured :class:`ContinuationResult` (done, next_capability,

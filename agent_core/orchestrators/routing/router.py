@@ -1,4 +1,4 @@
-"""Capability routing (seed 002) on the step-by-step base.
+"""Capability routing on the step-by-step base (docs/agent_core.md).
 
 :meth:`CapabilityRouter.handle` serves one request (``POST /run {input,
 session_id?}``):
@@ -9,7 +9,7 @@ session_id?}``):
 4. execute the capability (a tool-like call with its own id) -> ``CapabilityResult``;
 5. add the step's timing and the session id to the result's metadata and ask the
    continuation decider -> ``ContinuationResult``; while it is not done, run the
-   capability it names (Phase 8), bounded by ``max_steps``. A decider that fails does
+   capability it names (the routing loop), bounded by ``max_steps``. A decider that fails does
    not lose the result: its error is recorded on the step and the request is done
    with the capability's output;
 6. append the turn to session memory;
@@ -85,7 +85,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ROUTING_MAX_STEPS = 5
-"""Capability executions one request may take (the Phase 8 loop bound)."""
+"""Capability executions one request may take (the routing loop's bound)."""
 
 
 @dataclass(frozen=True, slots=True)
