@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def require_binary(name: str) -> str:
