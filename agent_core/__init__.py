@@ -1,5 +1,7 @@
 """The agent lifecycle engine: immutable state, continuation criteria, lifecycle
-observers, tools, model drivers, events and serialization.
+observers, tools, model drivers, events and serialization; the orchestrators built on
+it; the adapters to the broadcaster's envelope; and the application that serves runs.
+See docs/agent_core.md.
 
 Module map::
 
@@ -14,53 +16,27 @@ Module map::
     hooks          user hooks by priority
     loop           AgentLoop (the only place that awaits)
     agent/builder  Agent and AgentBuilder (the defaults)
-    serialization  full round trip; slim: the compact snapshot (seed 004)
-    drivers        the driver protocol, the scripted driver, the OpenAI-compatible one
-    demo_tools     deterministic demo tools and the demo script
+    serialization  full round trip; slim: the compact snapshot
+    messages, errors   messages, tool calls, usage; the error hierarchy
+    drivers/       the driver protocol, the scripted driver, the OpenAI-compatible one
 
-    process        ProcessState, StepRecord: the state of the other orchestrators
-    stepbystep     StepByStep (the generic base), state processors, StepContext
-    tooluse        ToolUse;  chat: Chat;  collaboration: Collaboration
-    turns          actors and selectors shared by Chat and Collaboration
-    orchestration_events   their events
-    process_serialization  full and slim serializers of process states
-    capabilities, classifier, decider, session, routing   capability routing (seed 002)
-    orchestration_broadcasting   orchestrator events -> envelopes
+    orchestrators/
+        process        ProcessState, StepRecord: the state of the orchestrators
+        stepbystep     StepByStep (the generic base), state processors, StepContext
+        tooluse        ToolUse;  chat: Chat;  collaboration: Collaboration
+        turns          actors and selectors shared by Chat and Collaboration
+        orchestration_events   their events
+        process_serialization  full and slim serializers of process states
+        routing/       capabilities, classifier, decider, memory (session), router
+    adapters/
+        broadcasting               agent events -> envelopes
+        orchestration_broadcasting orchestrator events -> envelopes
+    app/           runs, worker, demo, demo_tools, demo_routing, agui: the composition
+                   root, the only part that imports the broadcaster's server modules
 """
 
 from agent_core.agent import Agent
 from agent_core.builder import AgentBuilder
-from agent_core.capabilities import (
-    Capability,
-    CapabilityRegistry,
-    CapabilityResult,
-    FunctionCapability,
-)
-from agent_core.chat import (
-    CallableParticipant,
-    Chat,
-    ChatState,
-    ChatStep,
-    ModelParticipant,
-    Participant,
-    ScriptedParticipant,
-)
-from agent_core.classifier import (
-    Intent,
-    IntentClassifier,
-    ModelIntentClassifier,
-    Rule,
-    RuleBasedClassifier,
-)
-from agent_core.collaboration import (
-    CallableCollaborator,
-    Collaboration,
-    CollaborationState,
-    CollaborationStep,
-    Collaborator,
-    ModelCollaborator,
-    ScriptedCollaborator,
-)
 from agent_core.continuation import (
     CallableCriterion,
     ContinuationCriteria,
@@ -80,13 +56,6 @@ from agent_core.criteria import (
     StepsLimit,
     TokenUsageLimit,
     ToolCallPresenceCheck,
-)
-from agent_core.decider import (
-    ContinuationDecider,
-    ContinuationResult,
-    DeciderCriterion,
-    ModelContinuationDecider,
-    NoOpContinuationDecider,
 )
 from agent_core.drivers.base import ModelDriver, ModelRequest, ModelResponse
 from agent_core.drivers.scripted import ScriptedDriver, ScriptedFailure, ScriptedResponse
@@ -126,7 +95,25 @@ from agent_core.lifecycle import (
 )
 from agent_core.loop import AgentLoop
 from agent_core.messages import FinishReason, Message, Role, ToolCall, Usage
-from agent_core.orchestration_events import (
+from agent_core.orchestrators.chat import (
+    CallableParticipant,
+    Chat,
+    ChatState,
+    ChatStep,
+    ModelParticipant,
+    Participant,
+    ScriptedParticipant,
+)
+from agent_core.orchestrators.collaboration import (
+    CallableCollaborator,
+    Collaboration,
+    CollaborationState,
+    CollaborationStep,
+    Collaborator,
+    ModelCollaborator,
+    ScriptedCollaborator,
+)
+from agent_core.orchestrators.orchestration_events import (
     ActorSelected,
     CapabilitySelected,
     CollaboratorSelected,
@@ -143,24 +130,60 @@ from agent_core.orchestration_events import (
     ReferencesResolved,
     SessionMemoryAppended,
 )
-from agent_core.process import CurrentStep, ProcessState, ProcessStep, StepRecord
-from agent_core.process_serialization import (
+from agent_core.orchestrators.process import CurrentStep, ProcessState, ProcessStep, StepRecord
+from agent_core.orchestrators.process_serialization import (
     FullProcessStateSerializer,
     SlimProcessStateSerializer,
 )
-from agent_core.routing import CapabilityRouter, RoutingState, RoutingStep
-from agent_core.serialization import (
-    AgentStateSerializer,
-    FullAgentStateSerializer,
-    SerializationError,
+from agent_core.orchestrators.routing.capabilities import (
+    Capability,
+    CapabilityRegistry,
+    CapabilityResult,
+    FunctionCapability,
 )
-from agent_core.session import (
+from agent_core.orchestrators.routing.classifier import (
+    Intent,
+    IntentClassifier,
+    ModelIntentClassifier,
+    Rule,
+    RuleBasedClassifier,
+)
+from agent_core.orchestrators.routing.decider import (
+    ContinuationDecider,
+    ContinuationResult,
+    DeciderCriterion,
+    ModelContinuationDecider,
+    NoOpContinuationDecider,
+)
+from agent_core.orchestrators.routing.memory import (
     InMemorySessionMemory,
     ModelReferenceResolver,
     ReferenceResolver,
     SessionContext,
     SessionMemory,
     SessionTurn,
+)
+from agent_core.orchestrators.routing.router import CapabilityRouter, RoutingState, RoutingStep
+from agent_core.orchestrators.stepbystep import (
+    AccumulateUsage,
+    AppendStepMessages,
+    StateProcessor,
+    StepByStep,
+    StepContext,
+)
+from agent_core.orchestrators.tooluse import ToolUse, ToolUseState
+from agent_core.orchestrators.turns import (
+    ActorReply,
+    ActorSelector,
+    ModelSelector,
+    RoundRobinSelector,
+    Selection,
+    Turn,
+)
+from agent_core.serialization import (
+    AgentStateSerializer,
+    FullAgentStateSerializer,
+    SerializationError,
 )
 from agent_core.slim import SlimAgentStateSerializer, SlimSerializationConfig
 from agent_core.state import (
@@ -169,13 +192,6 @@ from agent_core.state import (
     CurrentExecution,
     ExecutionDecision,
     ExecutionState,
-)
-from agent_core.stepbystep import (
-    AccumulateUsage,
-    AppendStepMessages,
-    StateProcessor,
-    StepByStep,
-    StepContext,
 )
 from agent_core.steps import (
     AgentStep,
@@ -186,15 +202,6 @@ from agent_core.steps import (
     ToolExecution,
 )
 from agent_core.tools import Tool, ToolRegistry, tool
-from agent_core.tooluse import ToolUse, ToolUseState
-from agent_core.turns import (
-    ActorReply,
-    ActorSelector,
-    ModelSelector,
-    RoundRobinSelector,
-    Selection,
-    Turn,
-)
 
 __all__ = [
     "AccumulateUsage",

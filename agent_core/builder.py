@@ -1,6 +1,6 @@
 """AgentBuilder: an immutable, fluent way to configure an :class:`~agent_core.agent.Agent`.
 
-Defaults (SPEC-agent-core): 20 steps, 32768 tokens, 300 s per execution, stop on any
+Defaults (docs/agent_core.md): 20 steps, 32768 tokens, 300 s per execution, stop on any
 error. The default criteria are ``StepsLimit``, ``TokenUsageLimit``,
 ``ExecutionTimeLimit``, ``ErrorPolicyCriterion`` and ``ToolCallPresenceCheck`` (plus
 ``CumulativeExecutionTimeLimit`` when asked for, plus any extra criteria).

@@ -216,7 +216,7 @@ class ContinuationOutcome:
         return ContinuationOutcome.from_evaluations((*self.evaluations, evaluation))
 
     def summary(self) -> dict[str, Any]:
-        """The decision in three fields (seed 004's ``last_continuation``):
+        """The decision in three fields (the slim snapshot's ``last_continuation``):
         ``should_continue``, ``stop_reason``, ``resolved_by``."""
         return {
             "should_continue": self.should_continue,

@@ -10,7 +10,7 @@ Hierarchy::
     └── ValidationError         input that does not validate (e.g. tool arguments)
 
 Errors never escape the agent loop: they become recorded failure steps that the error
-policy judges (see ``SPEC-agent-core.md``).
+policy judges (see docs/agent_core.md).
 """
 
 from __future__ import annotations

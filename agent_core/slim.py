@@ -1,4 +1,4 @@
-"""The slim snapshot: a compact, bounded JSON form of an agent state (seed 004).
+"""The slim snapshot: a compact, bounded JSON form of an agent state (schema: docs/agent_core.md).
 
 Schema::
 
@@ -11,7 +11,7 @@ Schema::
      last_continuation: {should_continue, stop_reason, resolved_by} | null,
      metadata: {...}}
 
-``error_message`` (an addition to seed 004's schema) is there only when the status is
+``error_message`` (an addition to the original schema) is there only when the status is
 ``failed``: why the run failed (its last step's first error, or the reason of the
 forbid that stopped it). ``step_count`` counts steps over all runs; a restored state
 numbers its next step after them.

@@ -35,7 +35,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from broadcaster._uvicorn import FastWebSocketProtocol
+from broadcaster.transport import ReportsLoss
 
 __all__ = ["MAX_HEAD_BYTES", "RETRY_AFTER", "AddressSlots", "GuardedHttpProtocol", "http_class"]
 
@@ -228,7 +228,7 @@ def _response(status: int, message: str, *headers: tuple[bytes, bytes]) -> bytes
 
 def _on_lost(protocol: asyncio.BaseProtocol, release: Callable[[], None]) -> None:
     """Call ``release`` when the WebSocket protocol that took over the transport loses it."""
-    if isinstance(protocol, FastWebSocketProtocol):
+    if isinstance(protocol, ReportsLoss):
         protocol.on_lost = release
         return
     lost = protocol.connection_lost

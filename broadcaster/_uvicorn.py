@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol, cast
+from typing import Any, cast
 from urllib.parse import unquote
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -33,91 +33,12 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request
 
 from broadcaster._frames import close_reason
+from broadcaster.codes import CloseCode, ErrorCode
+from broadcaster.transport import EXTENSION, SESSIONS_STATE, Session, Sessions
 
-__all__ = [
-    "EXTENSION",
-    "SESSIONS_STATE",
-    "SHUTDOWN_CLOSE_CODE",
-    "FastWebSocketProtocol",
-    "RawSocket",
-    "Session",
-    "Sessions",
-    "protocol_class",
-]
+__all__ = ["SHUTDOWN_CLOSE_CODE", "FastWebSocketProtocol", "protocol_class"]
 
-EXTENSION = "broadcaster.raw_socket"
-SESSIONS_STATE = "broadcaster_sessions"
-SHUTDOWN_CLOSE_CODE = 4200
-
-
-class RawSocket(Protocol):
-    """What a connection needs from the fast path (see :class:`FastWebSocketProtocol`)."""
-
-    @property
-    def closing(self) -> bool:
-        """True once a close frame was sent or the transport is going away."""
-        ...
-
-    def write(self, data: bytes) -> None:
-        """Write already framed bytes; dropped silently once closing."""
-        ...
-
-    def buffered(self) -> int:
-        """Bytes written but not yet accepted by the kernel."""
-        ...
-
-    def close_now(self, code: int, reason: str, abort_after: float) -> None:
-        """Send a close frame and drop the transport if the peer does not answer."""
-        ...
-
-
-class NativeSocket(RawSocket, Protocol):
-    """What a native :class:`Session` gets besides frame writes: inbound flow control
-    and tasks that the server waits for on shutdown."""
-
-    def pause_reading(self) -> None:
-        """Stop reading from the peer until :meth:`resume_reading` (not while closing)."""
-        ...
-
-    def resume_reading(self) -> None:
-        """Read from the peer again."""
-        ...
-
-    def run_task(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run ``work`` as a task that a graceful shutdown waits for."""
-        ...
-
-    def limit_message_size(self, size: int) -> None:
-        """Refuse inbound messages over ``size`` bytes from now on (close 1009, from the
-        frame header, before their payload is read)."""
-        ...
-
-
-class Session(Protocol):
-    """One natively served WebSocket connection, driven by the protocol's callbacks."""
-
-    def received(self, data: str | bytes) -> None:
-        """A complete message arrived (text as ``str``)."""
-        ...
-
-    def lost(self) -> None:
-        """The transport is gone; called once, last."""
-        ...
-
-
-class Sessions(Protocol):
-    """Serves WebSocket paths natively (see the module doc)."""
-
-    def serves(self, path: str) -> bool:
-        """Whether ``path`` (percent-decoded, without the query) is served natively."""
-        ...
-
-    def open(
-        self, socket: NativeSocket, path: str, query: str, origin: str | None
-    ) -> Session | None:
-        """A handshake to ``path`` was accepted: the session, or None when the
-        connection was refused (an error and a close frame written to ``socket``)."""
-        ...
+SHUTDOWN_CLOSE_CODE = ErrorCode.SERVER_CLOSING
 
 
 class _Discard(asyncio.Queue[Any]):
@@ -209,7 +130,7 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
         try:
             text = data.decode()
         except UnicodeDecodeError:
-            self.conn.send_close(1007, "invalid UTF-8")
+            self.conn.send_close(CloseCode.INVALID_PAYLOAD, "invalid UTF-8")
             self.handle_parser_exception()
             return
         session.received(text)

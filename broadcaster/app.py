@@ -10,7 +10,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
-from broadcaster._uvicorn import SESSIONS_STATE
 from broadcaster.extensions import ExtensionContext, load_extension
 from broadcaster.http_api import api_routes
 from broadcaster.metrics import CONTENT_TYPE
@@ -18,6 +17,7 @@ from broadcaster.node import Node
 from broadcaster.sessions import routes as session_routes
 from broadcaster.settings import Settings
 from broadcaster.sse import routes as sse_routes
+from broadcaster.transport import SESSIONS_STATE
 from broadcaster.websocket import BadPathEndpoint, NativeSessions, WebSocketEndpoint
 
 __all__ = ["create_app"]

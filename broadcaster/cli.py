@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from broadcaster.backends.base import DEFAULT_REDIS_PREFIX
 from broadcaster.settings import SettingsError, load_settings
 
 __all__ = ["main"]
@@ -58,7 +59,7 @@ def main() -> None:
 @click.option(
     "--history-read-timeout", type=float, help="Seconds a resume's history read may take [10]."
 )
-@click.option("--redis-prefix", help="Prefix of every Redis key [broadcaster].")
+@click.option("--redis-prefix", help=f"Prefix of every Redis key [{DEFAULT_REDIS_PREFIX}].")
 @click.option("--shutdown-timeout", type=float, help="Seconds a graceful shutdown may take [10].")
 @click.option("--metrics/--no-metrics", default=None, help="Serve /metrics [on].")
 def serve(**options: Any) -> None:

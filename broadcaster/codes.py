@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-__all__ = ["SLOW_CONSUMER", "ErrorCode"]
+__all__ = ["SLOW_CONSUMER", "CloseCode", "ErrorCode"]
 
 
 class ErrorCode(IntEnum):
@@ -99,3 +99,15 @@ class ErrorCode(IntEnum):
 
 SLOW_CONSUMER = ErrorCode.OVER_CAPACITY
 """The code a connection is closed with when it cannot keep up with its send queue."""
+
+
+class CloseCode(IntEnum):
+    """The WebSocket close codes of RFC 6455 the server sends (below the Pusher ones)."""
+
+    INVALID_PAYLOAD = 1007
+    """A text message is not valid UTF-8."""
+    MESSAGE_TOO_BIG = 1009
+    """A message over the frame limit, refused from its frame header (the
+    ``websockets`` parser sends it; named here for the tests and the docs)."""
+    INTERNAL_ERROR = 1011
+    """The server met an unexpected condition."""

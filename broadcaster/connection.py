@@ -21,8 +21,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from broadcaster._frames import Outgoing, close_reason
-from broadcaster._uvicorn import RawSocket
+from broadcaster.codes import SLOW_CONSUMER
 from broadcaster.settings import AppConfig
+from broadcaster.transport import RawSocket
 
 __all__ = [
     "SLOW_CONSUMER_CODE",
@@ -33,7 +34,7 @@ __all__ = [
     "QueuedConnection",
 ]
 
-SLOW_CONSUMER_CODE = 4100
+SLOW_CONSUMER_CODE = SLOW_CONSUMER
 AsgiSend = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 

@@ -1,7 +1,7 @@
 """The agent event envelope: the one stable wire format for agent events.
 
 Every agent lifecycle event reaches ``agent.<session>`` subscribers as
-``{type, session_id, execution_id, timestamp, payload}`` (seed 004), carried as the
+``{type, session_id, execution_id, timestamp, payload}`` (docs/protocol.md), carried as the
 Pusher event ``data`` with the Pusher event name equal to ``type``. The JSON Schema
 generated from these models is published in ``schemas/`` (see :func:`json_schema`) and
 versioned by :data:`SCHEMA_VERSION`; a test keeps the file current.

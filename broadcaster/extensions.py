@@ -2,7 +2,7 @@
 
 The server looks extensions up by name in the ``agent_broadcaster.extensions`` entry-point
 group (or takes a ``module:attribute`` import string), so that ``broadcaster`` never
-imports the packages that extend it; the demo (``agent_core.demo``) is one.
+imports the packages that extend it; the demo (``agent_core.app.demo``) is one.
 """
 
 from __future__ import annotations

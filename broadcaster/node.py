@@ -12,39 +12,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fnmatch
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit
-
-import orjson
 
 from broadcaster import protocol
 from broadcaster._frames import Outgoing
 from broadcaster._text import excerpt
-from broadcaster._uvicorn import RawSocket
 from broadcaster.backends import create_backend
-from broadcaster.backends.base import Backend, BackendUnavailable, PresenceFull, PresenceMember
+from broadcaster.backends.base import Backend, BackendUnavailable, PresenceFull
 from broadcaster.channels import server_to_user_id
 from broadcaster.codes import ErrorCode
 from broadcaster.connection import AsgiConnection, AsgiSend, Connection, Delivery
 from broadcaster.exceptions import ProtocolError
 from broadcaster.hub import Hub
 from broadcaster.metrics import Metrics
-from broadcaster.publication import Position, Publication
+from broadcaster.publication import Position, PresenceMember, Publication
 from broadcaster.settings import AppConfig, Settings
+from broadcaster.transport import RawSocket
 
-__all__ = ["PROTOCOL_VERSION", "Node"]
+__all__ = ["Node"]
 
 log = logging.getLogger("broadcaster.node")
 
-PROTOCOL_VERSION = 7
-"""The Pusher protocol version served (pusher-js 7 and 8 speak it)."""
-
 _TERMINATE = "terminate_user_connections"
-_MEMBER_ADDED = "pusher_internal:member_added"
-_MEMBER_REMOVED = "pusher_internal:member_removed"
 _NOT_RECOVERED = "the channel's history no longer reaches back to that position"
 _PING = Outgoing(protocol.ping())
 _WATCH_INTERVAL = 0.25  # seconds between checks for a backend reconnection
@@ -147,8 +138,8 @@ class Node:
             raise ProtocolError(ErrorCode.APP_NOT_FOUND, f"no app has the key {excerpt(key)}")
         if not app.enabled:
             raise ProtocolError(ErrorCode.APP_DISABLED, f"app {app.id!r} is disabled")
-        _check_protocol_version(protocol_version)
-        _check_origin(app, origin)
+        protocol.check_protocol_version(protocol_version)
+        protocol.check_origin(app, origin)
         limit = app.max_connections
         if limit is not None and self._per_app[app.id] >= limit:
             raise ProtocolError(
@@ -212,15 +203,7 @@ class Node:
         if channel in conn.channels:
             await self._succeeded(conn, channel, command.member is not None)
             return
-        limit = conn.app.max_channels_per_connection
-        if len(conn.channels) >= limit:
-            raise ProtocolError(
-                ErrorCode.TOO_MANY_CHANNELS,
-                f"this connection already has {limit} subscriptions (the app's "
-                "max_channels_per_connection); unsubscribe from one first",
-                channel=channel,
-                close=False,
-            )
+        protocol.check_channel_limit(conn.app, len(conn.channels), channel)
         member = command.member
         try:
             await self.hub.subscribe(conn, channel, recovering=True)
@@ -249,15 +232,13 @@ class Node:
         await self.backend.add_subscriptions(app_id, channel, 1)
         added = False
         if member is not None:
-            stored = PresenceMember(member.user_id, member.user_info)
             limit = conn.app.max_presence_members  # checked atomically with the addition
-            added = await self.backend.presence_add(app_id, channel, conn.socket_id, stored, limit)
+            added = await self.backend.presence_add(app_id, channel, conn.socket_id, member, limit)
         await self._succeeded(conn, channel, member is not None)
         await self._resume(conn, channel, since)
         if added:
             assert member is not None
-            info = {"user_id": member.user_id, "user_info": member.user_info}
-            await self._presence_notice(conn, channel, _MEMBER_ADDED, info)
+            await self._presence_notice(conn, channel, protocol.member_added_notice(member))
 
     async def _succeeded(self, conn: Connection, channel: str, presence: bool) -> None:
         members = None
@@ -295,13 +276,12 @@ class Node:
             return
         gone = await self.backend.presence_remove(app_id, channel, conn.socket_id)
         if gone is not None:
-            await self._presence_notice(conn, channel, _MEMBER_REMOVED, {"user_id": gone.user_id})
+            await self._presence_notice(conn, channel, protocol.member_removed_notice(gone.user_id))
 
     async def _presence_notice(
-        self, conn: Connection, channel: str, event: str, data: dict[str, Any]
+        self, conn: Connection, channel: str, notice: protocol.Notice
     ) -> None:
-        text = orjson.dumps(data).decode()
-        publication = Publication(conn.app.id, channel, event, text, conn.socket_id)
+        publication = Publication(conn.app.id, channel, notice.event, notice.data, conn.socket_id)
         await self.backend.publish(publication, history=False)
 
     async def client_event(self, conn: Connection, command: protocol.ClientEvent) -> None:
@@ -446,7 +426,7 @@ class Node:
         log.info("closed slow consumer %s (app %s)", conn.socket_id, conn.app.id)
 
     def _backend_reconnects(self) -> float:
-        return float(getattr(self.backend, "reconnects", 0))
+        return float(self.backend.reconnects)
 
 
 def _backend_for(settings: Settings, apps: Sequence[AppConfig]) -> Backend:
@@ -461,48 +441,6 @@ def _backend_for(settings: Settings, apps: Sequence[AppConfig]) -> Backend:
     if not settings.backend.startswith("memory"):
         options["prefix"] = settings.redis_prefix
     return create_backend(settings.backend, **options)
-
-
-def _check_origin(app: AppConfig, origin: str | None) -> None:
-    if "*" in app.allowed_origins:
-        return
-    if origin is not None and _origin_allowed(origin, app.allowed_origins):
-        return
-    raise ProtocolError(
-        ErrorCode.UNAUTHORIZED,
-        f"origin {None if origin is None else excerpt(origin, 100)} is not allowed for "
-        f"app {app.id!r}; allowed: " + ", ".join(app.allowed_origins),
-    )
-
-
-def _origin_allowed(origin: str, allowed: Sequence[str]) -> bool:
-    """Whether ``origin`` matches a pattern: a whole origin (``https://a.example``) or a
-    host name, either with ``*`` wildcards (``*.example.com``)."""
-    host = urlsplit(origin).hostname or ""
-    return any(
-        fnmatch.fnmatchcase(origin.lower(), p.lower()) or fnmatch.fnmatchcase(host, p.lower())
-        for p in allowed
-    )
-
-
-def _check_protocol_version(version: str | None) -> None:
-    if version is None:
-        raise ProtocolError(
-            ErrorCode.NO_PROTOCOL_VERSION,
-            f"no protocol version: connect to /app/<key>?protocol={PROTOCOL_VERSION}",
-        )
-    if not (version.isascii() and version.isdigit()):
-        raise ProtocolError(
-            ErrorCode.INVALID_VERSION,
-            f"protocol version {excerpt(version)} is not a number; use protocol={PROTOCOL_VERSION}",
-        )
-    # Compared as text: int() of thousands of digits raises (and costs time).
-    if version.lstrip("0") != str(PROTOCOL_VERSION):
-        raise ProtocolError(
-            ErrorCode.UNSUPPORTED_PROTOCOL,
-            f"protocol version {excerpt(version)} is not supported; "
-            f"use protocol={PROTOCOL_VERSION}",
-        )
 
 
 def _authorize_user_channel(conn: Connection, channel: str) -> None:

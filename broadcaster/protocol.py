@@ -25,10 +25,12 @@ Our extensions, which other Pusher servers and pusher-js ignore:
 
 from __future__ import annotations
 
+import fnmatch
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -41,7 +43,7 @@ from broadcaster.channels import (
 )
 from broadcaster.codes import ErrorCode
 from broadcaster.exceptions import ProtocolError
-from broadcaster.publication import Position
+from broadcaster.publication import Position, PresenceMember
 from broadcaster.settings import AppConfig
 from broadcaster.signing import (
     channel_string_to_sign,
@@ -56,9 +58,13 @@ __all__ = [
     "MAX_EVENT_NAME_LENGTH",
     "MAX_USER_ID_LENGTH",
     "MAX_USER_INFO_DEPTH",
+    "MEMBER_ADDED",
+    "MEMBER_REMOVED",
+    "PROTOCOL_VERSION",
     "RESUME_EVENT",
     "ClientEvent",
     "Command",
+    "Notice",
     "Ping",
     "Pong",
     "PresenceMember",
@@ -69,12 +75,17 @@ __all__ = [
     "authorize_signin",
     "authorize_subscription",
     "channel_event",
+    "check_channel_limit",
     "check_client_event",
+    "check_origin",
+    "check_protocol_version",
     "connection_established",
     "error",
     "is_valid_socket_id",
     "member_added",
+    "member_added_notice",
     "member_removed",
+    "member_removed_notice",
     "new_socket_id",
     "parse_client_message",
     "parse_presence_member",
@@ -89,7 +100,11 @@ __all__ = [
     "subscription_succeeded",
 ]
 
+PROTOCOL_VERSION = 7
+"""The Pusher protocol version served (pusher-js 7 and 8 speak it)."""
 RESUME_EVENT = "broadcaster:resume"
+MEMBER_ADDED = "pusher_internal:member_added"
+MEMBER_REMOVED = "pusher_internal:member_removed"
 MAX_EVENT_NAME_LENGTH = 200
 MAX_USER_ID_LENGTH = 128
 DEFAULT_MAX_MEMBER_SIZE = 2_048
@@ -103,18 +118,6 @@ _CLIENT_COMMANDS = (
 
 
 # -- commands ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PresenceMember:
-    """A presence channel member, from the subscription's ``channel_data``.
-
-    ``user_id`` is always a string (numbers are converted, as presence hashes key by
-    string); ``user_info`` is any JSON value, ``None`` when not given.
-    """
-
-    user_id: str
-    user_info: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -616,6 +619,84 @@ def new_socket_id() -> str:
 # -- server frames ----------------------------------------------------------------------
 
 
+# -- admission checks ------------------------------------------------------------------
+
+
+def check_origin(app: AppConfig, origin: str | None) -> None:
+    """Admit a WebSocket connection's ``Origin`` header under the app's
+    ``allowed_origins`` (``*`` admits any, also none).
+
+    Raises:
+        ProtocolError: ``UNAUTHORIZED`` (closes), naming the origin and what is allowed.
+    """
+    if "*" in app.allowed_origins:
+        return
+    if origin is not None and _origin_allowed(origin, app.allowed_origins):
+        return
+    raise ProtocolError(
+        ErrorCode.UNAUTHORIZED,
+        f"origin {None if origin is None else excerpt(origin, 100)} is not allowed for "
+        f"app {app.id!r}; allowed: " + ", ".join(app.allowed_origins),
+    )
+
+
+def _origin_allowed(origin: str, allowed: Sequence[str]) -> bool:
+    """Whether ``origin`` matches a pattern: a whole origin (``https://a.example``) or a
+    host name, either with ``*`` wildcards (``*.example.com``)."""
+    host = urlsplit(origin).hostname or ""
+    return any(
+        fnmatch.fnmatchcase(origin.lower(), p.lower()) or fnmatch.fnmatchcase(host, p.lower())
+        for p in allowed
+    )
+
+
+def check_protocol_version(version: str | None) -> None:
+    """Admit the ``protocol`` query parameter of ``/app/{key}``: :data:`PROTOCOL_VERSION`.
+
+    Raises:
+        ProtocolError: ``NO_PROTOCOL_VERSION``, ``INVALID_VERSION`` (not a number) or
+            ``UNSUPPORTED_PROTOCOL`` (another number); each closes the connection.
+    """
+    if version is None:
+        raise ProtocolError(
+            ErrorCode.NO_PROTOCOL_VERSION,
+            f"no protocol version: connect to /app/<key>?protocol={PROTOCOL_VERSION}",
+        )
+    if not (version.isascii() and version.isdigit()):
+        raise ProtocolError(
+            ErrorCode.INVALID_VERSION,
+            f"protocol version {excerpt(version)} is not a number; use protocol={PROTOCOL_VERSION}",
+        )
+    # Compared as text: int() of thousands of digits raises (and costs time).
+    if version.lstrip("0") != str(PROTOCOL_VERSION):
+        raise ProtocolError(
+            ErrorCode.UNSUPPORTED_PROTOCOL,
+            f"protocol version {excerpt(version)} is not supported; "
+            f"use protocol={PROTOCOL_VERSION}",
+        )
+
+
+def check_channel_limit(app: AppConfig, subscribed: int, channel: str) -> None:
+    """Admit one more subscription on a connection that has ``subscribed`` channels.
+
+    Raises:
+        ProtocolError: ``TOO_MANY_CHANNELS`` (the connection stays open) at the app's
+            ``max_channels_per_connection``.
+    """
+    limit = app.max_channels_per_connection
+    if subscribed >= limit:
+        raise ProtocolError(
+            ErrorCode.TOO_MANY_CHANNELS,
+            f"this connection already has {limit} subscriptions (the app's "
+            "max_channels_per_connection); unsubscribe from one first",
+            channel=channel,
+            close=False,
+        )
+
+
+# -- server frames ----------------------------------------------------------------------
+
+
 def _frame(event: str, data: object, channel: str | None = None) -> bytes:
     # pusher:* and pusher_internal:* events carry data as a JSON-encoded string.
     frame: dict[str, object] = {"event": event, "data": orjson.dumps(data).decode()}
@@ -689,18 +770,38 @@ def subscription_count(channel: str, count: int) -> bytes:
     return _frame("pusher_internal:subscription_count", {"subscription_count": count}, channel)
 
 
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """A server event published through the backend like any publication (so that every
+    node's subscribers get it): its ``event`` name and its ``data`` as JSON text."""
+
+    event: str
+    data: str
+
+
+def member_added_notice(member: PresenceMember) -> Notice:
+    """The ``pusher_internal:member_added`` publication for ``member``."""
+    data = {"user_id": member.user_id, "user_info": member.user_info}
+    return Notice(MEMBER_ADDED, orjson.dumps(data).decode())
+
+
+def member_removed_notice(user_id: str) -> Notice:
+    """The ``pusher_internal:member_removed`` publication for ``user_id``."""
+    return Notice(MEMBER_REMOVED, orjson.dumps({"user_id": user_id}).decode())
+
+
 def member_added(channel: str, user_id: str, user_info: Any = None) -> bytes:
     """``pusher_internal:member_added``: a user joined the presence channel.
 
     ``user_info`` is a JSON value as :func:`parse_presence_member` returns it.
     """
     data = {"user_id": user_id, "user_info": user_info}
-    return _frame("pusher_internal:member_added", data, channel)
+    return _frame(MEMBER_ADDED, data, channel)
 
 
 def member_removed(channel: str, user_id: str) -> bytes:
     """``pusher_internal:member_removed``: a user's last connection left the channel."""
-    return _frame("pusher_internal:member_removed", {"user_id": user_id}, channel)
+    return _frame(MEMBER_REMOVED, {"user_id": user_id}, channel)
 
 
 def signin_success(user_data: str) -> bytes:

@@ -7,10 +7,11 @@ writes the same bytes to every local subscriber.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from broadcaster._text import excerpt
 
-__all__ = ["MAX_EPOCH_LENGTH", "MAX_OFFSET_DIGITS", "Position", "Publication"]
+__all__ = ["MAX_EPOCH_LENGTH", "MAX_OFFSET_DIGITS", "Position", "PresenceMember", "Publication"]
 
 MAX_OFFSET_DIGITS = 18
 """Longest offset a client may send (below 2**63, what Redis counts to)."""
@@ -73,3 +74,16 @@ class Publication:
     exclude_socket_id: str | None = None
     user_id: str | None = None
     position: Position | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceMember:
+    """A presence channel member, from the subscription's ``channel_data`` (parsed by
+    :func:`broadcaster.protocol.parse_presence_member`), as the backends keep it.
+
+    ``user_id`` is always a string (numbers are converted, as presence hashes key by
+    string); ``user_info`` is any JSON value, ``None`` when not given.
+    """
+
+    user_id: str
+    user_info: Any = None

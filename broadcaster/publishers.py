@@ -1,4 +1,4 @@
-"""Publishers: how agent processes put envelopes on channels (seed 004's
+"""Publishers: how agent processes put envelopes on channels (docs/protocol.md,
 ``CanBroadcastAgentEvents``).
 
 One small interface, :class:`Publisher`, with implementations for each path:

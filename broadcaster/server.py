@@ -18,17 +18,17 @@ import gc
 import math
 import socket
 import sys
+from typing import Literal
 
 import uvicorn
 
-from broadcaster._guard import http_class
-from broadcaster._uvicorn import protocol_class
+from broadcaster._compat import fast_path_problems, guard_problems, warn_fallback
 from broadcaster.app import create_app
 from broadcaster.extensions import ExtensionError
 from broadcaster.node import Node
 from broadcaster.settings import Settings
 
-__all__ = ["http_protocol", "serve", "ws_max_size"]
+__all__ = ["http_protocol", "serve", "ws_max_size", "ws_protocol"]
 
 
 def serve(settings: Settings) -> None:
@@ -43,7 +43,7 @@ def serve(settings: Settings) -> None:
         app,
         http=http_protocol(settings),
         # The fast path writes pre-built frames, so frames must never be compressed.
-        ws=protocol_class(shutdown_abort_after=settings.shutdown_timeout / 2),
+        ws=ws_protocol(settings),
         ws_per_message_deflate=False,
         ws_max_size=ws_max_size(settings),
         lifespan="on",
@@ -81,10 +81,34 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def http_protocol(settings: Settings) -> type[asyncio.Protocol]:
+def http_protocol(settings: Settings) -> type[asyncio.Protocol] | Literal["auto"]:
     """uvicorn's ``http`` for ``settings``: request-head deadline and size limit, and
-    the per-client-address connection limit (see :mod:`broadcaster._guard`)."""
+    the per-client-address connection limit (see :mod:`broadcaster._guard`); uvicorn's
+    own, with a warning, when the installed uvicorn fails the compatibility check
+    (:mod:`broadcaster._compat`)."""
+    problems = guard_problems()
+    if problems:
+        warn_fallback("the connection guard", problems, "uvicorn's own HTTP protocol")
+        return "auto"
+    from broadcaster._guard import http_class  # imported only once known to fit
+
     return http_class(settings.max_connections_per_ip, settings.header_timeout)
+
+
+def ws_protocol(settings: Settings) -> type[asyncio.Protocol] | Literal["auto"]:
+    """uvicorn's ``ws`` for ``settings``: the fast path (:mod:`broadcaster._uvicorn`),
+    which drops clients that do not answer the 4200 shutdown close frame within half
+    of ``shutdown_timeout``; uvicorn's own WebSocket protocol (the plain ASGI path),
+    with a warning, when the installed uvicorn fails the compatibility check."""
+    problems = fast_path_problems()
+    if problems:
+        warn_fallback(
+            "the fast WebSocket path", problems, "uvicorn's own WebSocket protocol (ASGI)"
+        )
+        return "auto"
+    from broadcaster._uvicorn import protocol_class  # imported only once known to fit
+
+    return protocol_class(shutdown_abort_after=settings.shutdown_timeout / 2)
 
 
 def ws_max_size(settings: Settings) -> int:

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from broadcaster.backends.base import DEFAULT_REDIS_PREFIX
+from broadcaster.backends.base import DEFAULT_HISTORY_SIZE, DEFAULT_REDIS_PREFIX
 
 __all__ = ["AppConfig", "Settings", "SettingsError", "load_settings"]
 
@@ -98,7 +98,7 @@ class Settings(BaseSettings):
     # Behind a reverse proxy every client has the proxy's address: raise it or use 0.
     max_connections_per_ip: Annotated[int, Field(ge=0)] = 1000
     # Channel history kept for resume: publications per channel and seconds kept.
-    history_size: Annotated[int, Field(ge=1, le=100_000)] = 1000
+    history_size: Annotated[int, Field(ge=1, le=100_000)] = DEFAULT_HISTORY_SIZE
     history_ttl: Annotated[int, Field(ge=1, le=7 * 86400)] = 600
     # Resumes: history reads at a time per node (others wait their turn, first come
     # first served) and seconds a read may wait and take before the client is closed

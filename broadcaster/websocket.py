@@ -30,18 +30,17 @@ from starlette.types import Receive, Scope, Send
 
 from broadcaster import protocol
 from broadcaster._frames import Outgoing, close_reason, text_frame
-from broadcaster._uvicorn import EXTENSION, NativeSocket, RawSocket
-from broadcaster.codes import ErrorCode
+from broadcaster.codes import CloseCode, ErrorCode
 from broadcaster.connection import Connection
 from broadcaster.exceptions import ProtocolError
 from broadcaster.node import Node
+from broadcaster.transport import EXTENSION, NativeSocket, RawSocket
 
 __all__ = ["BadPathEndpoint", "NativeSessions", "WebSocketEndpoint"]
 
 log = logging.getLogger("broadcaster.websocket")
 _PONG = Outgoing(protocol.pong())
 _APP_PREFIX = "/app/"
-_INTERNAL_ERROR = 1011  # RFC 6455: the server met an unexpected condition
 
 
 class WebSocketEndpoint:
@@ -88,7 +87,7 @@ class WebSocketEndpoint:
 
 class NativeSessions:
     """Serves ``/app/{key}`` without ASGI under the fast-path protocol (see the module
-    doc and :class:`broadcaster._uvicorn.Sessions`)."""
+    doc and :class:`broadcaster.transport.Sessions`)."""
 
     __slots__ = ("node",)
 
@@ -169,7 +168,7 @@ class _NativeSession:
                         await more
         except Exception:
             log.exception("unexpected error serving %s; closing it", conn.socket_id)
-            conn.close(_INTERNAL_ERROR, "internal server error")
+            conn.close(CloseCode.INTERNAL_ERROR, "internal server error")
             gone = _GONE in backlog
         finally:
             self._backlog = None

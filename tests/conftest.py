@@ -1,4 +1,5 @@
-"""Shared fixtures: a private Redis for the test session and real server processes."""
+"""Shared fixtures: a private Redis for the test session and real server processes
+(helpers: the :mod:`tests.support` package)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.support import RedisServer, ServerProcess
+from tests.support.processes import RedisServer, ServerFactory, ServerProcess
 
 
 @pytest.fixture(scope="session")
@@ -31,9 +32,6 @@ def redis_factory() -> Iterator[Callable[[], RedisServer]]:
     yield start
     for server in started:
         server.stop()
-
-
-ServerFactory = Callable[..., ServerProcess]
 
 
 @pytest.fixture

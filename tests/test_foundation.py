@@ -15,8 +15,14 @@ import httpx
 import pytest
 
 from broadcaster.settings import SettingsError, load_settings
-from tests.conftest import ServerFactory
-from tests.support import REPO, RedisServer, ServerProcess, _wait, free_port
+from tests.support.processes import (
+    REPO,
+    RedisServer,
+    ServerFactory,
+    ServerProcess,
+    _wait,
+    free_port,
+)
 
 VENV_BIN = Path(sys.executable).parent
 

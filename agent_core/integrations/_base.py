@@ -2,7 +2,7 @@
 explicit calls (run started, step started, text, tool started/completed, step
 completed, run ended) instead of ``agent_core`` events.
 
-It is an :class:`~agent_core.broadcasting.EnvelopeEmitter`, so its envelopes are built,
+It is an :class:`~agent_core.adapters.broadcasting.EnvelopeEmitter`, so its envelopes are built,
 ordered, coalesced and published exactly like :class:`AgentEventAdapter`'s: one lock,
 streamed text held and flushed before the next envelope, the same tool summaries. It
 also records what it publishes, so that at the end it stores a slim-shaped final
@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from agent_core.broadcasting import AdapterOptions, EnvelopeEmitter, summarize_result
+from agent_core.adapters.broadcasting import AdapterOptions, EnvelopeEmitter, summarize_result
 from agent_core.events import AgentEvent, StreamChunk
 from agent_core.messages import Usage
 from broadcaster import envelope as env

@@ -28,7 +28,7 @@ from typing import Any
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langgraph.graph.state import CompiledStateGraph
 
-from agent_core.broadcasting import AdapterOptions
+from agent_core.adapters.broadcasting import AdapterOptions
 from agent_core.integrations._base import FrameworkRun
 from broadcaster.publishers import Publisher, StateStore
 

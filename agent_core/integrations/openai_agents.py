@@ -34,7 +34,7 @@ from agents import (
     RunResultStreaming,
 )
 
-from agent_core.broadcasting import AdapterOptions
+from agent_core.adapters.broadcasting import AdapterOptions
 from agent_core.integrations._base import FrameworkRun
 from broadcaster.publishers import Publisher, StateStore
 

@@ -29,7 +29,7 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.run import AgentRunResult
 
-from agent_core.broadcasting import AdapterOptions
+from agent_core.adapters.broadcasting import AdapterOptions
 from agent_core.integrations._base import FrameworkRun
 from broadcaster.publishers import Publisher, StateStore
 

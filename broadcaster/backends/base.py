@@ -12,30 +12,70 @@ synchronously, once per publication per node; it must not block.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from broadcaster.publication import Position, Publication
+from broadcaster.publication import Position, PresenceMember, Publication
 
 __all__ = [
+    "DEFAULT_HISTORY_META_TTL",
+    "DEFAULT_HISTORY_SIZE",
+    "DEFAULT_HISTORY_TTL",
     "DEFAULT_REDIS_PREFIX",
     "Backend",
     "BackendUnavailable",
+    "Broker",
+    "Control",
     "ControlHandler",
     "HistoryResult",
+    "Presence",
     "PresenceFull",
     "PresenceMember",
     "PublicationHandler",
+    "Values",
+    "check_history_options",
+    "new_epoch",
 ]
 
 DEFAULT_REDIS_PREFIX = "agentbc"
 """The Redis key prefix of a deployment unless configured: servers, publishers and
 workers must agree on it."""
 
+DEFAULT_HISTORY_SIZE = 1000
+"""Publications kept per channel unless configured (``history_size``)."""
+DEFAULT_HISTORY_TTL = 600.0
+"""Seconds a channel's history lives after its last publication (``history_ttl``)."""
+DEFAULT_HISTORY_META_TTL = 86_400.0
+"""Seconds a channel's epoch outlives its last publication (``history_meta_ttl``)."""
+
 PublicationHandler = Callable[[Publication], None]
 ControlHandler = Callable[[str, Mapping[str, Any]], None]
 """Called with ``(app_id, message)`` for control messages sent by any node."""
+
+
+def new_epoch() -> str:
+    """A random epoch: a channel's history that is created anew never resumes old
+    positions."""
+    return secrets.token_hex(4)
+
+
+def check_history_options(history_size: int, history_ttl: float, history_meta_ttl: float) -> None:
+    """Validate the history options shared by every backend.
+
+    Raises:
+        ValueError: naming the bad option.
+    """
+    if history_size < 1:
+        raise ValueError(f"history_size must be at least 1, got {history_size!r}")
+    if not history_ttl > 0:
+        raise ValueError(f"history_ttl must be a positive number of seconds, got {history_ttl!r}")
+    if not history_meta_ttl >= history_ttl:
+        raise ValueError(
+            f"history_meta_ttl ({history_meta_ttl!r}) must be at least history_ttl "
+            f"({history_ttl!r}): a channel's epoch must outlive its history"
+        )
 
 
 class BackendUnavailable(Exception):
@@ -49,12 +89,6 @@ class PresenceFull(Exception):
     def __init__(self, limit: int) -> None:
         super().__init__(f"the presence channel has the maximum of {limit} members")
         self.limit = limit
-
-
-@dataclass(frozen=True, slots=True)
-class PresenceMember:
-    user_id: str
-    user_info: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +106,8 @@ class HistoryResult:
     position: Position | None
 
 
-class Backend(Protocol):
-    """Moves publications between nodes and keeps cross-node state."""
+class Broker(Protocol):
+    """Moves publications between nodes and keeps each channel's bounded history."""
 
     @property
     def node_id(self) -> str:
@@ -83,6 +117,12 @@ class Backend(Protocol):
     @property
     def ready(self) -> bool:
         """True while publications can be delivered (e.g. Redis is connected)."""
+        ...
+
+    @property
+    def reconnects(self) -> int:
+        """How many times the backend reconnected since it started (0 for one that
+        cannot lose its connection). The node fills every channel's gap after a change."""
         ...
 
     async def start(self, on_publication: PublicationHandler, on_control: ControlHandler) -> None:
@@ -151,6 +191,10 @@ class Backend(Protocol):
         """
         ...
 
+
+class Presence(Protocol):
+    """Presence members and subscription counts, across every live node."""
+
     async def presence_add(
         self,
         app_id: str,
@@ -188,6 +232,10 @@ class Backend(Protocol):
         """Occupied channels of the app and their subscription counts across live nodes."""
         ...
 
+
+class Values(Protocol):
+    """Small values and leases shared by every node (final states, session claims)."""
+
     async def store_value(self, app_id: str, key: str, value: bytes, ttl: float) -> None:
         """Keep ``value`` under ``key`` for ``ttl`` seconds, visible to every node (e.g. a
         session's final state for reconcile).
@@ -203,11 +251,6 @@ class Backend(Protocol):
         Raises:
             BackendUnavailable: the backend cannot be read now.
         """
-        ...
-
-    async def send_control(self, app_id: str, message: Mapping[str, Any]) -> None:
-        """Send a control message (e.g. terminate a user's connections) to every node,
-        this one included."""
         ...
 
     async def claim_value(self, app_id: str, key: str, owner: str, ttl: float) -> bool:
@@ -231,3 +274,16 @@ class Backend(Protocol):
             BackendUnavailable: the backend cannot be reached now.
         """
         ...
+
+
+class Control(Protocol):
+    """Control messages to every node (e.g. terminate a user's connections)."""
+
+    async def send_control(self, app_id: str, message: Mapping[str, Any]) -> None:
+        """Send a control message (e.g. terminate a user's connections) to every node,
+        this one included."""
+        ...
+
+
+class Backend(Broker, Presence, Values, Control, Protocol):
+    """Everything a node needs from its backend: the union of the four parts."""

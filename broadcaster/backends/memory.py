@@ -23,53 +23,25 @@ from itertools import islice
 from typing import Any
 
 from broadcaster.backends.base import (
+    DEFAULT_HISTORY_META_TTL,
+    DEFAULT_HISTORY_SIZE,
+    DEFAULT_HISTORY_TTL,
     BackendUnavailable,
     ControlHandler,
     HistoryResult,
     PresenceFull,
     PresenceMember,
     PublicationHandler,
+    check_history_options,
+    new_epoch,
 )
 from broadcaster.publication import Position, Publication
 
-__all__ = [
-    "DEFAULT_HISTORY_META_TTL",
-    "DEFAULT_HISTORY_SIZE",
-    "DEFAULT_HISTORY_TTL",
-    "MemoryBackend",
-    "new_epoch",
-]
-
-DEFAULT_HISTORY_SIZE = 1000
-DEFAULT_HISTORY_TTL = 600.0
-DEFAULT_HISTORY_META_TTL = 86_400.0
+__all__ = ["MemoryBackend"]
 
 log = logging.getLogger(__name__)
 
 _Key = tuple[str, str]
-
-
-def new_epoch() -> str:
-    """A random epoch: a channel's history that is created anew never resumes old
-    positions."""
-    return secrets.token_hex(4)
-
-
-def check_history_options(history_size: int, history_ttl: float, history_meta_ttl: float) -> None:
-    """Validate the history options shared by every backend.
-
-    Raises:
-        ValueError: naming the bad option.
-    """
-    if history_size < 1:
-        raise ValueError(f"history_size must be at least 1, got {history_size!r}")
-    if not history_ttl > 0:
-        raise ValueError(f"history_ttl must be a positive number of seconds, got {history_ttl!r}")
-    if not history_meta_ttl >= history_ttl:
-        raise ValueError(
-            f"history_meta_ttl ({history_meta_ttl!r}) must be at least history_ttl "
-            f"({history_ttl!r}): a channel's epoch must outlive its history"
-        )
 
 
 def _check_ttl(ttl: float) -> None:

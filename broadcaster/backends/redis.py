@@ -53,6 +53,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from broadcaster.backends import _lua
 from broadcaster.backends.base import (
+    DEFAULT_HISTORY_META_TTL,
+    DEFAULT_HISTORY_SIZE,
+    DEFAULT_HISTORY_TTL,
     DEFAULT_REDIS_PREFIX,
     BackendUnavailable,
     ControlHandler,
@@ -60,11 +63,6 @@ from broadcaster.backends.base import (
     PresenceFull,
     PresenceMember,
     PublicationHandler,
-)
-from broadcaster.backends.memory import (
-    DEFAULT_HISTORY_META_TTL,
-    DEFAULT_HISTORY_SIZE,
-    DEFAULT_HISTORY_TTL,
     check_history_options,
     new_epoch,
 )

@@ -1,8 +1,8 @@
-// Capability routing (seed 002) as the page knows it: which capability ran in a step
+// Capability routing as the page knows it: which capability ran in a step
 // and why. Pure data and functions (no DOM), like run-model.js.
 //
 // A routed run's phases arrive as tool pairs with reserved names (see
-// agent_core/orchestration_broadcasting.py); they explain the step rather than being
+// agent_core/adapters/orchestration_broadcasting.py); they explain the step rather than being
 // tools of it, so they are kept apart from the step's tool calls (which the snapshot
 // lists and reconcile compares):
 //   reference_resolver    args {input}, result = the rewritten request

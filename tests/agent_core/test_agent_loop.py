@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from agent_core.app.demo_tools import calculator, demo_driver, get_weather
 from agent_core.builder import AgentBuilder
 from agent_core.continuation import ContinuationDecision, StopReason
-from agent_core.demo_tools import calculator, demo_driver, get_weather
 from agent_core.drivers.scripted import (
     ScriptedDriver,
     ScriptedFailure,
@@ -508,7 +508,7 @@ async def test_iterate_yields_each_step_then_the_final_state() -> None:
 
 async def test_demo_script_runs_end_to_end() -> None:
     events: list[AgentEvent] = []
-    from agent_core.demo_tools import demo_tools
+    from agent_core.app.demo_tools import demo_tools
 
     agent = (
         AgentBuilder()

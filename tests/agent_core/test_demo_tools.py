@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent_core.demo_tools import calculator, demo_script, demo_tools, get_weather
+from agent_core.app.demo_tools import calculator, demo_script, demo_tools, get_weather
 from agent_core.drivers.scripted import ScriptedResponse
 
 

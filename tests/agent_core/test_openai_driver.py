@@ -46,7 +46,7 @@ from agent_core.drivers.openai import (
 )
 from agent_core.errors import ErrorType, ModelError, ModelTimeoutError, RateLimitError
 from agent_core.messages import FinishReason, Message, ToolCall, Usage
-from tests.support import free_port
+from tests.support.processes import free_port
 
 API_KEY = "sk-test-0123456789"  # a test value, not a credential
 

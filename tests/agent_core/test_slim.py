@@ -1,4 +1,4 @@
-"""Slim snapshots: seed 004's schema, truncation, omission, redaction, presets, timing
+"""Slim snapshots: the schema (docs/agent_core.md), truncation, omission, redaction, presets, timing
 across pause/resume, and continuing a run from a restored snapshot."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from agent_core.agent import Agent
+from agent_core.app.demo_tools import calculator, get_weather
 from agent_core.builder import AgentBuilder
 from agent_core.continuation import StopReason
-from agent_core.demo_tools import calculator, get_weather
 from agent_core.drivers.scripted import ScriptedDriver, ScriptedResponse, ScriptedTurn, call
 from agent_core.messages import Message, Role
 from agent_core.serialization import SerializationError

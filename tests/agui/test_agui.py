@@ -13,9 +13,9 @@ import pytest
 from ag_ui.core import Event, EventType, RunAgentInput
 from pydantic import TypeAdapter
 
-from agent_core.agui import CONTINUATION_EVENT, AguiMapper, InvalidInput, run_request
+from agent_core.app.agui import CONTINUATION_EVENT, AguiMapper, InvalidInput, run_request
 from broadcaster import envelope as env
-from tests.server.conftest import Client, LiveServer, StartServer, wait_for
+from tests.support.live import Client, LiveServer, StartServer, wait_for
 from tests.wire.test_runs import read_run, subscribe
 
 EVENTS: TypeAdapter[Event] = TypeAdapter(Event)

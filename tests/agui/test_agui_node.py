@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.server.conftest import Client, StartServer
-from tests.support import IN_CI, REPO, require_binary
+from tests.support.live import Client, StartServer
+from tests.support.processes import IN_CI, REPO, require_binary
 from tests.wire.test_runs import read_run, subscribe
 
 pytestmark = pytest.mark.node

@@ -12,7 +12,7 @@ import httpx
 import jsonschema
 import pytest
 
-from agent_core.demo import session_token as demo_session_token
+from agent_core.app.demo import session_token as demo_session_token
 from broadcaster._frames import Outgoing
 from broadcaster.connection import Delivery
 from broadcaster.envelope import json_schema
@@ -27,8 +27,8 @@ from broadcaster.sse import (
     encode_event,
 )
 from tests.agui.conftest import SseEvent, is_final, read_until_final, sse
-from tests.server.conftest import KEY, SECRET, Client, LiveServer, StartServer
-from tests.support import RedisServer, ServerProcess
+from tests.support.live import KEY, SECRET, Client, LiveServer, StartServer
+from tests.support.processes import RedisServer, ServerProcess
 from tests.wire.test_runs import read_run, start_run, subscribe
 
 VALIDATOR = jsonschema.Draft202012Validator(json_schema())

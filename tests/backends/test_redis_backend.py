@@ -22,7 +22,7 @@ from broadcaster.backends.redis import (
 )
 from broadcaster.publication import Position, Publication
 from tests.backends.helpers import APP, Node, eventually, eventually_async
-from tests.support import RedisServer, free_port
+from tests.support.processes import RedisServer, free_port
 
 pytestmark = pytest.mark.redis
 

@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from broadcaster.backends.redis import RedisBackend
 from broadcaster.publication import Position, Publication
 from tests.backends.helpers import APP, Node
-from tests.support import RedisServer
+from tests.support.processes import RedisServer
 
 pytestmark = pytest.mark.redis
 

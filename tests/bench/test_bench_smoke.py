@@ -13,7 +13,7 @@ import pytest
 
 from bench.envelope import ENVELOPE_BYTES, envelope
 from broadcaster.envelope import StreamChunk, parse_envelope
-from tests.support import IN_CI, REPO, require_binary
+from tests.support.processes import IN_CI, REPO, require_binary
 
 pytestmark = [pytest.mark.node, pytest.mark.redis]
 

@@ -83,3 +83,56 @@ def test_close_reasons_fit_a_close_frame_without_splitting_a_character(
     reason = close_reason(text)
     assert len(reason.encode()) == expected_bytes
     assert text.startswith(reason)
+
+
+_CLOSERS = {"close", "close_now", "send_close", "_close_socket", "ProtocolError", "error"}
+
+
+def _literal_codes(source: str) -> list[tuple[int, int]]:
+    """``(line, value)`` of every int literal passed to a close or error call, or bound
+    to a name with ``CODE`` or ``ERROR`` in it."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        values: list[ast.expr] = []
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in _CLOSERS:
+                values = [*node.args, *(keyword.value for keyword in node.keywords)]
+        elif isinstance(node, ast.Assign) and any(
+            word in getattr(target, "id", "").upper()
+            for target in node.targets
+            for word in ("CODE", "ERROR")
+        ):
+            values = [node.value]
+        found += [
+            (value.lineno, value.value)
+            for value in values
+            if isinstance(value, ast.Constant) and type(value.value) is int
+        ]
+    return found
+
+
+def test_the_literal_finder_finds_literal_codes() -> None:
+    source = "conn.close(4100, 'x')\nSLOW_CODE = 4100\nraise ProtocolError(4009, 'm')\n"
+    assert sorted(_literal_codes(source)) == [(1, 4100), (2, 4100), (3, 4009)]
+    assert _literal_codes("_INTERNAL_ERROR = 1011\n") == [(1, 1011)]
+    assert _literal_codes("conn.close(ErrorCode.OVER_CAPACITY, 'x')\nsize = 4096\n") == []
+
+
+def test_no_close_or_error_code_is_a_literal_outside_codes() -> None:
+    """Every close and error code in the server and agent_core comes from
+    :mod:`broadcaster.codes` (4100 and 4200 were literals elsewhere once)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    found = [
+        f"{path.relative_to(root)}:{line}: {value}"
+        for package in ("broadcaster", "agent_core")
+        for path in sorted((root / package).rglob("*.py"))
+        if path.name != "codes.py"
+        for line, value in _literal_codes(path.read_text(encoding="utf-8"))
+    ]
+    assert found == []

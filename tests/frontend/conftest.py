@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, sync_playwright
 
-from tests.conftest import ServerFactory
-from tests.support import IN_CI, REPO, ServerProcess
+from tests.support.processes import IN_CI, REPO, ServerFactory, ServerProcess
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

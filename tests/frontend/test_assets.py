@@ -8,7 +8,7 @@ import re
 import httpx
 import pytest
 
-from tests.support import REPO, ServerProcess
+from tests.support.processes import REPO, ServerProcess
 
 FRONTEND = REPO / "frontend-demo"
 VENDORED = FRONTEND / "vendor" / "pusher.min.js"

@@ -20,13 +20,12 @@ import pytest
 from playwright.sync_api import APIResponse, Browser, Page, Route, expect
 from websockets.sync.client import connect
 
-from tests.conftest import ServerFactory
 from tests.frontend.proxy import CuttableProxy
-from tests.support import RedisServer, ServerProcess, free_port
+from tests.support.processes import RedisServer, ServerFactory, ServerProcess, free_port
 
 pytestmark = pytest.mark.browser
 
-# The scripted demo agent (agent_core.demo_tools.demo_script): three steps.
+# The scripted demo agent (agent_core.app.demo_tools.demo_script): three steps.
 STEPS = 3
 TOOL_CALLS = {1: ["call_weather_1"], 2: ["call_calc_1"], 3: []}
 WAIT_MS = 20_000

@@ -1,4 +1,4 @@
-"""A routed run (``mode: route``, seed 002) on the live dashboard in a real browser: the
+"""A routed run (``mode: route``) on the live dashboard in a real browser: the
 page shows which capability ran and why (intent, confidence, reason, decider verdict),
 keeps the routing phases apart from the step's tool calls, and reconciles in sync."""
 
@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.frontend.test_dashboard import WAIT_MS, page, screenshot  # noqa: F401
-from tests.support import ServerProcess
+from tests.support.processes import ServerProcess
 
 pytestmark = pytest.mark.browser
 

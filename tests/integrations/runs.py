@@ -12,7 +12,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 from pydantic_ai.usage import RequestUsage
 
-from agent_core.broadcasting import AdapterOptions
+from agent_core.adapters.broadcasting import AdapterOptions
 from agent_core.integrations.langgraph import broadcast_langgraph
 from agent_core.integrations.openai_agents import broadcast_openai_agents
 from agent_core.integrations.pydantic_ai import broadcast_pydantic_ai

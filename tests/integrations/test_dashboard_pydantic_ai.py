@@ -16,10 +16,9 @@ from redis.asyncio import Redis
 
 from agent_core.integrations.pydantic_ai import broadcast_pydantic_ai
 from broadcaster.publishers import PusherHTTPPublisher, RedisStateStore
-from tests.conftest import ServerFactory
 from tests.frontend.conftest import artifacts, browser  # noqa: F401
 from tests.integrations.runs import ANSWER, QUESTION, pydantic_agent
-from tests.support import RedisServer
+from tests.support.processes import RedisServer, ServerFactory
 
 pytestmark = pytest.mark.browser
 WAIT_MS = 20_000

@@ -17,13 +17,13 @@ from agents.exceptions import MaxTurnsExceeded
 from pydantic_ai import Agent
 from pydantic_ai.models.function import FunctionModel
 
-from agent_core.broadcasting import AdapterOptions
+from agent_core.adapters.broadcasting import AdapterOptions
 from agent_core.integrations.openai_agents import broadcast_openai_agents
 from agent_core.integrations.pydantic_ai import broadcast_pydantic_ai
 from broadcaster.envelope import Envelope, channel_for, json_schema
 from broadcaster.publishers import BackendStateStore, PusherHTTPPublisher, RecordingPublisher
 from tests.integrations.runs import ANSWER, CALL_IDS, QUESTION, RUNS, openai_agent
-from tests.server.conftest import APP_ID, KEY, SECRET, Client, StartServer
+from tests.support.live import APP_ID, KEY, SECRET, Client, StartServer
 
 FRAMEWORKS = sorted(RUNS)
 EXPECTED = {

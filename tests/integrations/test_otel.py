@@ -12,9 +12,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from agent_core.broadcasting import AdapterOptions, AgentEventAdapter
+from agent_core.adapters.broadcasting import AdapterOptions, AgentEventAdapter
+from agent_core.app.demo_tools import demo_driver, demo_tools
 from agent_core.builder import AgentBuilder
-from agent_core.demo_tools import demo_driver, demo_tools
 from agent_core.integrations.otel import EnvelopeTracer, TracingPublisher, otlp_tracer_provider
 from broadcaster import envelope as env
 from broadcaster.publishers import RecordingPublisher

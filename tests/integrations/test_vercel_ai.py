@@ -10,11 +10,11 @@ from typing import Any
 import httpx
 import orjson
 
-from agent_core.vercel_ai import UIMessageStreamMapper, encode_chunk
+from agent_core.app.vercel_ai import UIMessageStreamMapper, encode_chunk
 from broadcaster import envelope as env
 from broadcaster.publishers import BackendStateStore, PusherHTTPPublisher, RecordingPublisher
 from tests.integrations.runs import ANSWER, RUNS
-from tests.server.conftest import APP_ID, KEY, SECRET, StartServer
+from tests.support.live import APP_ID, KEY, SECRET, StartServer
 
 
 def ids() -> dict[str, str]:

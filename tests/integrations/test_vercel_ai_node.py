@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from agent_core.vercel_ai import UIMessageStreamMapper
+from agent_core.app.vercel_ai import UIMessageStreamMapper
 from broadcaster.envelope import parse_envelope
-from tests.server.conftest import Client, StartServer
-from tests.support import IN_CI, REPO, require_binary
+from tests.support.live import Client, StartServer
+from tests.support.processes import IN_CI, REPO, require_binary
 from tests.wire.test_runs import subscribe
 
 pytestmark = pytest.mark.node

@@ -4,13 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent_core.chat import (
-    CallableParticipant,
-    Chat,
-    ChatState,
-    ModelParticipant,
-    ScriptedParticipant,
-)
+from agent_core.app.demo_tools import demo_tools
 from agent_core.continuation import StopReason
 from agent_core.criteria import (
     FinishReasonCheck,
@@ -18,19 +12,25 @@ from agent_core.criteria import (
     StepsLimit,
     TokenUsageLimit,
 )
-from agent_core.demo_tools import demo_tools
 from agent_core.drivers.scripted import ScriptedDriver, ScriptedFailure, ScriptedResponse, call
 from agent_core.error_policy import ErrorPolicyCriterion
 from agent_core.errors import ModelError
 from agent_core.events import ToolCallCompleted
 from agent_core.messages import FinishReason, Role, Usage
-from agent_core.orchestration_events import ParticipantSelected, ProcessStepStarted
-from agent_core.process_serialization import (
+from agent_core.orchestrators.chat import (
+    CallableParticipant,
+    Chat,
+    ChatState,
+    ModelParticipant,
+    ScriptedParticipant,
+)
+from agent_core.orchestrators.orchestration_events import ParticipantSelected, ProcessStepStarted
+from agent_core.orchestrators.process_serialization import (
     FullProcessStateSerializer,
     SlimProcessStateSerializer,
 )
+from agent_core.orchestrators.turns import ActorReply, ModelSelector, Turn
 from agent_core.state import AgentStatus
-from agent_core.turns import ActorReply, ModelSelector, Turn
 from tests.agent_core.factories import TickingClock
 from tests.orchestrators.support import Recorder
 

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from agent_core.chat import ChatState
-from agent_core.collaboration import (
+from agent_core.app.demo_tools import demo_tools
+from agent_core.continuation import StopReason
+from agent_core.drivers.scripted import ScriptedDriver, ScriptedFailure, ScriptedResponse, call
+from agent_core.errors import ModelTimeoutError
+from agent_core.messages import FinishReason
+from agent_core.orchestrators.chat import ChatState
+from agent_core.orchestrators.collaboration import (
     CallableCollaborator,
     Collaboration,
     CollaborationState,
@@ -13,19 +18,14 @@ from agent_core.collaboration import (
     ModelCollaborator,
     ScriptedCollaborator,
 )
-from agent_core.continuation import StopReason
-from agent_core.demo_tools import demo_tools
-from agent_core.drivers.scripted import ScriptedDriver, ScriptedFailure, ScriptedResponse, call
-from agent_core.errors import ModelTimeoutError
-from agent_core.messages import FinishReason
-from agent_core.orchestration_events import CollaboratorSelected, ProcessCompleted
-from agent_core.process_serialization import (
+from agent_core.orchestrators.orchestration_events import CollaboratorSelected, ProcessCompleted
+from agent_core.orchestrators.process_serialization import (
     FullProcessStateSerializer,
     SlimProcessStateSerializer,
 )
+from agent_core.orchestrators.turns import ActorReply, ModelSelector
 from agent_core.serialization import SerializationError
 from agent_core.state import AgentStatus
-from agent_core.turns import ActorReply, ModelSelector
 from tests.agent_core.factories import TickingClock
 from tests.orchestrators.support import Recorder
 

@@ -10,25 +10,29 @@ from typing import Any
 
 import pytest
 
-from agent_core.broadcasting import AdapterOptions
-from agent_core.chat import Chat, ModelParticipant, ScriptedParticipant
-from agent_core.classifier import Rule, RuleBasedClassifier
-from agent_core.collaboration import Collaboration, ModelCollaborator, ScriptedCollaborator
-from agent_core.decider import ModelContinuationDecider
-from agent_core.demo_tools import calculator, demo_driver, demo_tools, get_weather
+from agent_core.adapters.broadcasting import AdapterOptions
+from agent_core.adapters.orchestration_broadcasting import OrchestrationEventAdapter
+from agent_core.app.demo_tools import calculator, demo_driver, demo_tools, get_weather
 from agent_core.drivers.scripted import ScriptedDriver, ScriptedFailure, ScriptedResponse, call
 from agent_core.errors import ModelError
 from agent_core.messages import Role
-from agent_core.orchestration_broadcasting import OrchestrationEventAdapter
-from agent_core.routing import CapabilityRouter
-from agent_core.session import ModelReferenceResolver
-from agent_core.stepbystep import StepByStep
-from agent_core.tooluse import ToolUse
+from agent_core.orchestrators.chat import Chat, ModelParticipant, ScriptedParticipant
+from agent_core.orchestrators.collaboration import (
+    Collaboration,
+    ModelCollaborator,
+    ScriptedCollaborator,
+)
+from agent_core.orchestrators.routing.classifier import Rule, RuleBasedClassifier
+from agent_core.orchestrators.routing.decider import ModelContinuationDecider
+from agent_core.orchestrators.routing.memory import ModelReferenceResolver
+from agent_core.orchestrators.routing.router import CapabilityRouter
+from agent_core.orchestrators.stepbystep import StepByStep
+from agent_core.orchestrators.tooluse import ToolUse
 from broadcaster.envelope import Envelope
 from broadcaster.publishers import InProcessPublisher, PusherHTTPPublisher, RecordingPublisher
 from tests.agent_core.factories import TickingClock
 from tests.orchestrators.support import valid
-from tests.server.conftest import APP_ID, KEY, SECRET, Client, StartServer
+from tests.support.live import APP_ID, KEY, SECRET, Client, StartServer
 
 TRACE = AdapterOptions(include_continuation_trace=True)
 

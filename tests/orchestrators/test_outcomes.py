@@ -8,18 +8,21 @@ from typing import Any
 
 import pytest
 
-from agent_core.chat import Chat, ModelParticipant
-from agent_core.collaboration import Collaboration, ModelCollaborator
 from agent_core.continuation import ContinuationCriteria, StopReason
 from agent_core.criteria import StepsLimit
 from agent_core.drivers.scripted import ScriptedDriver, ScriptedFailure, ScriptedResponse
 from agent_core.errors import ModelError
-from agent_core.orchestration_events import ProcessCompleted, ProcessContinuationEvaluated
-from agent_core.process import ProcessState
-from agent_core.process_serialization import SlimProcessStateSerializer
+from agent_core.orchestrators.chat import Chat, ModelParticipant
+from agent_core.orchestrators.collaboration import Collaboration, ModelCollaborator
+from agent_core.orchestrators.orchestration_events import (
+    ProcessCompleted,
+    ProcessContinuationEvaluated,
+)
+from agent_core.orchestrators.process import ProcessState
+from agent_core.orchestrators.process_serialization import SlimProcessStateSerializer
+from agent_core.orchestrators.stepbystep import StepByStep
+from agent_core.orchestrators.tooluse import ToolUse, ToolUseState
 from agent_core.state import AgentStatus
-from agent_core.stepbystep import StepByStep
-from agent_core.tooluse import ToolUse, ToolUseState
 from tests.agent_core.factories import TickingClock
 from tests.orchestrators.support import Recorder
 

@@ -1,4 +1,4 @@
-"""Capability routing (seed 002): resolve, classify, execute, decide, loop, remember."""
+"""Capability routing: resolve, classify, execute, decide, loop, remember."""
 
 from __future__ import annotations
 
@@ -6,32 +6,40 @@ import json
 
 import pytest
 
-from agent_core.capabilities import CapabilityRegistry, CapabilityResult, FunctionCapability
-from agent_core.classifier import ModelIntentClassifier, Rule, RuleBasedClassifier
+from agent_core.app.demo_tools import calculator, get_weather
 from agent_core.continuation import ContinuationDecision, StopReason
-from agent_core.decider import ContinuationResult, ModelContinuationDecider
-from agent_core.demo_tools import calculator, get_weather
 from agent_core.drivers.scripted import ScriptedDriver, ScriptedResponse
 from agent_core.errors import ErrorType, ValidationError
 from agent_core.events import ToolCallCompleted, ToolCallStarted
-from agent_core.orchestration_events import (
+from agent_core.orchestrators.orchestration_events import (
     CapabilitySelected,
     ContinuationDecided,
     IntentClassified,
     ReferencesResolved,
     SessionMemoryAppended,
 )
-from agent_core.process_serialization import (
+from agent_core.orchestrators.process_serialization import (
     FullProcessStateSerializer,
     SlimProcessStateSerializer,
 )
-from agent_core.routing import CapabilityRouter, RoutingState
-from agent_core.session import (
+from agent_core.orchestrators.routing.capabilities import (
+    CapabilityRegistry,
+    CapabilityResult,
+    FunctionCapability,
+)
+from agent_core.orchestrators.routing.classifier import (
+    ModelIntentClassifier,
+    Rule,
+    RuleBasedClassifier,
+)
+from agent_core.orchestrators.routing.decider import ContinuationResult, ModelContinuationDecider
+from agent_core.orchestrators.routing.memory import (
     InMemorySessionMemory,
     ModelReferenceResolver,
     SessionContext,
     SessionTurn,
 )
+from agent_core.orchestrators.routing.router import CapabilityRouter, RoutingState
 from agent_core.state import AgentStatus
 from tests.agent_core.factories import TickingClock
 from tests.orchestrators.support import Recorder
@@ -97,7 +105,7 @@ async def test_one_request_runs_one_capability_with_the_noop_decider() -> None:
 
 
 async def test_the_model_decider_chains_capabilities_and_writes_the_answer() -> None:
-    """Phase 8: while the decider is not done, the capability it names runs next."""
+    """The routing loop: while the decider is not done, the capability it names runs next."""
     driver = ScriptedDriver(
         [
             decide(done=False, next_capability="calculator", arguments={"expression": "10*9/5+32"}),

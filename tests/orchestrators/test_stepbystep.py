@@ -17,22 +17,22 @@ from agent_core.criteria import StepsLimit, TokenUsageLimit
 from agent_core.error_policy import ErrorPolicy, ErrorPolicyCriterion
 from agent_core.errors import AgentError, ErrorType, ModelError
 from agent_core.messages import Role, Usage
-from agent_core.orchestration_events import (
+from agent_core.orchestrators.orchestration_events import (
     ProcessCompleted,
     ProcessContinuationEvaluated,
     ProcessStepFailed,
 )
-from agent_core.process import ProcessState
-from agent_core.process_serialization import SlimProcessStateSerializer
-from agent_core.state import AgentStatus
-from agent_core.stepbystep import (
+from agent_core.orchestrators.process import ProcessState
+from agent_core.orchestrators.process_serialization import SlimProcessStateSerializer
+from agent_core.orchestrators.stepbystep import (
     AccumulateUsage,
     AppendStepMessages,
     StepByStep,
     StepContext,
     run_processors,
 )
-from agent_core.turns import ActorReply, TurnStep
+from agent_core.orchestrators.turns import ActorReply, TurnStep
+from agent_core.state import AgentStatus
 from tests.agent_core.factories import T0, TickingClock
 from tests.orchestrators.support import Recorder
 

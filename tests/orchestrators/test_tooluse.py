@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import pytest
 
+from agent_core.app.demo_tools import calculator, demo_driver, demo_tools, get_weather
 from agent_core.continuation import StopReason
-from agent_core.demo_tools import calculator, demo_driver, demo_tools, get_weather
 from agent_core.drivers.scripted import ScriptedDriver, ScriptedFailure, ScriptedResponse, call
 from agent_core.error_policy import ErrorPolicy
 from agent_core.errors import ErrorType, ModelError
-from agent_core.process_serialization import (
+from agent_core.orchestrators.process_serialization import (
     FullProcessStateSerializer,
     SlimProcessStateSerializer,
 )
+from agent_core.orchestrators.tooluse import ToolUse, ToolUseState
 from agent_core.serialization import SerializationError
 from agent_core.slim import SlimSerializationConfig
 from agent_core.state import AgentStatus
-from agent_core.tooluse import ToolUse, ToolUseState
 from tests.agent_core.factories import TickingClock
 from tests.orchestrators.support import Recorder
 

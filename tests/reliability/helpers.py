@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 
 from broadcaster.signing import signed_params
-from tests.server.conftest import APP_ID, KEY, SECRET
-from tests.support import REPO
+from tests.support.live import APP_ID, KEY, SECRET
+from tests.support.processes import REPO
 
 ARTIFACT = REPO / "artifacts" / "reliability.json"
 WS_PATH = f"/app/{KEY}?protocol=7"

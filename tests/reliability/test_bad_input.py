@@ -22,7 +22,6 @@ import websockets
 
 from broadcaster.codes import ErrorCode
 from broadcaster.signing import channel_auth, user_auth
-from tests.conftest import ServerFactory
 from tests.reliability.helpers import (
     WS_PATH,
     eventually,
@@ -32,8 +31,8 @@ from tests.reliability.helpers import (
     signed_query,
 )
 from tests.reliability.rawws import RawClient, masked_frame
-from tests.server.conftest import APP_ID, KEY, SECRET, Client, write_apps
-from tests.support import ServerProcess
+from tests.support.live import APP_ID, KEY, SECRET, Client, write_apps
+from tests.support.processes import ServerFactory, ServerProcess
 
 pytestmark = pytest.mark.slow
 

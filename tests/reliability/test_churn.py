@@ -14,9 +14,9 @@ import resource
 import httpx
 import pytest
 
-from tests.conftest import ServerFactory
 from tests.reliability.helpers import WS_PATH, eventually, metrics, report, rss_bytes, signed_query
-from tests.server.conftest import APP_ID, Client
+from tests.support.live import APP_ID, Client
+from tests.support.processes import ServerFactory
 
 pytestmark = pytest.mark.slow
 

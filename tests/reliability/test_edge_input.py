@@ -19,7 +19,7 @@ from broadcaster.codes import ErrorCode
 from broadcaster.node import Node
 from broadcaster.settings import load_settings
 from tests.reliability.helpers import signed_query
-from tests.server.conftest import APP_ID, KEY, Client, LiveServer, StartServer
+from tests.support.live import APP_ID, KEY, Client, LiveServer, StartServer
 
 Connect = Callable[..., Awaitable[Client]]
 DIGITS = "7" * 5000

@@ -13,8 +13,8 @@ from redis.asyncio import Redis
 
 from broadcaster.backends.redis import publish_via_redis
 from broadcaster.publication import Publication
-from tests.server.conftest import APP_ID, Client, LiveServer, StartServer
-from tests.support import RedisServer
+from tests.support.live import APP_ID, Client, LiveServer, StartServer
+from tests.support.processes import RedisServer
 
 pytestmark = pytest.mark.redis
 

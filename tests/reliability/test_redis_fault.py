@@ -22,10 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ServerFactory
 from tests.reliability.helpers import WS_PATH, eventually, publish, report, status
-from tests.server.conftest import Client
-from tests.support import RedisServer, ServerProcess
+from tests.support.live import Client
+from tests.support.processes import RedisServer, ServerFactory, ServerProcess
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

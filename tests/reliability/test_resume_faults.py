@@ -31,10 +31,16 @@ import pytest
 from broadcaster.backends.base import HistoryResult
 from broadcaster.backends.memory import MemoryBackend
 from broadcaster.publication import Position
-from tests.conftest import ServerFactory
 from tests.reliability.helpers import WS_PATH, eventually, publish, report, status
-from tests.server.conftest import APP_ID, KEY, Client, StartServer
-from tests.support import IN_CI, REPO, RedisServer, ServerProcess, require_binary
+from tests.support.live import APP_ID, KEY, Client, StartServer
+from tests.support.processes import (
+    IN_CI,
+    REPO,
+    RedisServer,
+    ServerFactory,
+    ServerProcess,
+    require_binary,
+)
 
 CHANNEL = "agent.resume-fault"
 NODE_DIR = REPO / "tests" / "node"

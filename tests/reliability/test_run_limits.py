@@ -12,11 +12,11 @@ from typing import Any
 import httpx
 import pytest
 
-from agent_core.demo import _Demo
-from agent_core.runs import ClientRateLimit, RunManager, TooManyRuns
+from agent_core.app.demo import _Demo
+from agent_core.app.runs import ClientRateLimit, RunManager, TooManyRuns
 from tests.reliability.helpers import own_rss, report
-from tests.server.conftest import LiveServer, StartServer
-from tests.support import RedisServer
+from tests.support.live import LiveServer, StartServer
+from tests.support.processes import RedisServer
 
 OTHER = "127.0.0.2"  # another loopback address: another client
 

@@ -16,10 +16,9 @@ import websockets
 from broadcaster.codes import ErrorCode
 from broadcaster.settings import AppConfig, Settings, SettingsError, load_settings
 from broadcaster.signing import channel_auth
-from tests.conftest import ServerFactory
 from tests.reliability.helpers import WS_PATH, signed_query
-from tests.server.conftest import APP_ID, KEY, Client, StartServer, write_apps
-from tests.support import RedisServer
+from tests.support.live import APP_ID, KEY, Client, StartServer, write_apps
+from tests.support.processes import RedisServer, ServerFactory
 
 Connect = Callable[..., Awaitable[Client]]
 

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from tests.conftest import ServerFactory
 from tests.reliability.helpers import (
     WS_PATH,
     eventually,
@@ -31,7 +30,8 @@ from tests.reliability.helpers import (
     signed_query,
 )
 from tests.reliability.rawws import RawClient
-from tests.server.conftest import APP_ID, Client
+from tests.support.live import APP_ID, Client
+from tests.support.processes import ServerFactory
 
 pytestmark = pytest.mark.slow
 

@@ -11,10 +11,9 @@ from collections.abc import Awaitable, Callable, Iterator
 import httpx
 import pytest
 
-from tests.conftest import ServerFactory
 from tests.reliability.helpers import report
-from tests.server.conftest import Client
-from tests.support import RedisServer
+from tests.support.live import Client
+from tests.support.processes import RedisServer, ServerFactory
 from tests.wire.test_runs import read_run, start_run, subscribe
 from tests.wire.test_worker import WorkerProcess
 

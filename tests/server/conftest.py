@@ -1,25 +1,14 @@
-"""In-process servers on free ports and a small Pusher WebSocket client for the tests.
-
-``live_server`` runs the real application under uvicorn, with the same fast-path
-WebSocket protocol as ``agent-broadcaster serve``, inside the test's event loop: real
-sockets and real clients, without the start-up cost of a process per test.
-"""
+"""Fixtures of the in-process server tests (helpers: :mod:`tests.support.live`)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 import uvicorn
-import websockets
-from websockets.asyncio.client import ClientConnection
 
 from broadcaster._uvicorn import protocol_class
 from broadcaster.app import create_app
@@ -27,51 +16,7 @@ from broadcaster.backends.base import Backend
 from broadcaster.node import Node
 from broadcaster.server import http_protocol, ws_max_size
 from broadcaster.settings import load_settings
-
-KEY = "agent-key"
-SECRET = "agent-secret"
-APP_ID = "1"
-
-
-@dataclass
-class LiveServer:
-    url: str
-    node: Node
-    server: uvicorn.Server
-    task: asyncio.Task[None]
-
-    @property
-    def ws_url(self) -> str:
-        return self.url.replace("http://", "ws://", 1)
-
-    def app_url(self, key: str = KEY, query: str = "protocol=7") -> str:
-        return f"{self.ws_url}/app/{key}?{query}"
-
-    async def stop(self) -> None:
-        self.server.should_exit = True
-        await asyncio.wait_for(self.task, 10)
-
-
-StartServer = Callable[..., Awaitable[LiveServer]]
-
-
-class _QuietServer(uvicorn.Server):
-    """Leaves the test process's signal handlers alone."""
-
-    def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
-        return contextlib.nullcontext()
-
-
-async def _wait_for(predicate: Callable[[], bool], what: str, within: float = 10) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not predicate():
-        if loop.time() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
-wait_for = _wait_for
+from tests.support.live import Client, LiveServer, QuietServer, StartServer, wait_for
 
 
 @pytest.fixture
@@ -80,15 +25,19 @@ async def start_server() -> AsyncIterator[StartServer]:
     started: list[LiveServer] = []
 
     async def start(
-        ws: str | None = None, backend_object: Backend | None = None, **overrides: Any
+        ws: Any = None,
+        backend_object: Backend | None = None,
+        http: Any = None,
+        **overrides: Any,
     ) -> LiveServer:
-        """``ws`` names another uvicorn WebSocket implementation (no fast path);
-        ``backend_object`` replaces the backend the settings name."""
+        """``ws`` names another uvicorn WebSocket implementation (no fast path), ``http``
+        another HTTP one (no guard); ``backend_object`` replaces the backend the settings
+        name."""
         settings = load_settings(port=0, log_level="warning", **overrides)
         node = Node(settings, backend=backend_object)
         config = uvicorn.Config(
             create_app(settings, node),
-            http=http_protocol(settings),
+            http=http or http_protocol(settings),
             ws=ws or protocol_class(shutdown_abort_after=1.0),
             ws_per_message_deflate=False,
             ws_max_size=ws_max_size(settings),
@@ -96,12 +45,12 @@ async def start_server() -> AsyncIterator[StartServer]:
             log_level="warning",
             timeout_graceful_shutdown=3,
         )
-        server = _QuietServer(config)
+        server = QuietServer(config)
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
         task = asyncio.create_task(server.serve(sockets=[sock]))
-        await _wait_for(lambda: server.started or task.done(), "the server to start")
+        await wait_for(lambda: server.started or task.done(), "the server to start")
         if task.done():
             sock.close()
             task.result()
@@ -119,65 +68,6 @@ async def start_server() -> AsyncIterator[StartServer]:
 async def live(start_server: StartServer) -> LiveServer:
     """One in-process server with the default app and the memory backend."""
     return await start_server()
-
-
-def write_apps(path: Path, *apps: dict[str, Any]) -> Path:
-    """An apps file (JSON) listing ``apps``."""
-    path.write_text(json.dumps({"apps": list(apps)}))
-    return path
-
-
-class Client:
-    """A Pusher protocol client over a real WebSocket (the ``websockets`` library)."""
-
-    def __init__(self, ws: ClientConnection, established: dict[str, Any]) -> None:
-        self.ws = ws
-        self.socket_id: str = established["socket_id"]
-        self.activity_timeout: int = established["activity_timeout"]
-
-    @classmethod
-    async def connect(cls, url: str, **kwargs: Any) -> Client:
-        ws = await websockets.connect(url, **kwargs)
-        first = json.loads(await ws.recv())
-        assert first["event"] == "pusher:connection_established", first
-        return cls(ws, json.loads(first["data"]))
-
-    async def send(self, event: str, data: Any = None, channel: str | None = None) -> None:
-        message: dict[str, Any] = {"event": event, "data": {} if data is None else data}
-        if channel is not None:
-            message["channel"] = channel
-        await self.ws.send(json.dumps(message))
-
-    async def recv(self, within: float = 5) -> dict[str, Any]:
-        """The next message, with ``data`` decoded when it is JSON text."""
-        message: dict[str, Any] = json.loads(await asyncio.wait_for(self.ws.recv(), within))
-        data = message.get("data")
-        if isinstance(data, str):
-            with contextlib.suppress(ValueError):
-                message["data"] = json.loads(data)
-        return message
-
-    async def expect(self, event: str, within: float = 5) -> dict[str, Any]:
-        """The next message, which must be ``event``."""
-        message = await self.recv(within)
-        assert message["event"] == event, message
-        return message
-
-    async def subscribe(self, channel: str, **fields: Any) -> dict[str, Any]:
-        """Subscribe and return the answer (succeeded or an error)."""
-        await self.send("pusher:subscribe", {"channel": channel, **fields})
-        return await self.recv()
-
-    async def closed_with(self, within: float = 10) -> int | None:
-        """Read until the server closes; the close code."""
-        try:
-            while True:
-                await asyncio.wait_for(self.ws.recv(), within)
-        except websockets.ConnectionClosed as exc:
-            return exc.rcvd.code if exc.rcvd is not None else None
-
-    async def close(self) -> None:
-        await self.ws.close()
 
 
 @pytest.fixture

@@ -8,15 +8,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from broadcaster.signing import channel_auth, user_auth
-from tests.server.conftest import (
-    APP_ID,
-    KEY,
-    SECRET,
-    Client,
-    LiveServer,
-    StartServer,
-    write_apps,
-)
+from tests.support.live import APP_ID, KEY, SECRET, Client, LiveServer, StartServer, write_apps
 
 Connect = Callable[..., Awaitable[Client]]
 

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from broadcaster._frames import Outgoing, text_frame
-from tests.server.conftest import APP_ID, Client, LiveServer, StartServer, wait_for
+from tests.support.live import APP_ID, Client, LiveServer, StartServer, wait_for
 
 Connect = Callable[..., Awaitable[Client]]
 

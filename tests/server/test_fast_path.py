@@ -11,7 +11,7 @@ from broadcaster.backends.base import HistoryResult
 from broadcaster.backends.memory import MemoryBackend
 from broadcaster.connection import AsgiConnection, Connection
 from broadcaster.publication import Position, Publication
-from tests.server.conftest import APP_ID, Client, StartServer
+from tests.support.live import APP_ID, Client, StartServer
 
 Connect = Callable[..., Awaitable[Client]]
 

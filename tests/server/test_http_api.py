@@ -16,7 +16,7 @@ import pusher
 import pytest
 
 from broadcaster.signing import channel_auth, signed_params, user_auth
-from tests.server.conftest import APP_ID, KEY, SECRET, Client, LiveServer, StartServer, write_apps
+from tests.support.live import APP_ID, KEY, SECRET, Client, LiveServer, StartServer, write_apps
 
 Connect = Callable[..., Awaitable[Client]]
 

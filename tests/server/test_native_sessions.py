@@ -11,7 +11,7 @@ import pytest
 import websockets
 
 from broadcaster.backends.memory import MemoryBackend
-from tests.server.conftest import APP_ID, Client, StartServer, wait_for
+from tests.support.live import APP_ID, Client, StartServer, wait_for
 
 Connect = Callable[..., Awaitable[Client]]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import websockets
 
-from tests.conftest import ServerFactory
-from tests.server.conftest import Client, write_apps
+from tests.support.live import Client, write_apps
+from tests.support.processes import ServerFactory
 
 
 def test_environment_configures_the_app(server_factory: ServerFactory) -> None:

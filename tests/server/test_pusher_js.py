@@ -18,9 +18,8 @@ import pusher
 import pytest
 
 from broadcaster.signing import channel_auth
-from tests.conftest import ServerFactory
-from tests.server.conftest import APP_ID, KEY, SECRET, Client
-from tests.support import IN_CI, REPO, ServerProcess, require_binary
+from tests.support.live import APP_ID, KEY, SECRET, Client
+from tests.support.processes import IN_CI, REPO, ServerFactory, ServerProcess, require_binary
 
 pytestmark = pytest.mark.node
 

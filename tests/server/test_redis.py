@@ -14,9 +14,8 @@ import pusher
 import pytest
 
 from broadcaster.signing import channel_auth
-from tests.conftest import ServerFactory
-from tests.server.conftest import APP_ID, KEY, SECRET, Client, LiveServer, StartServer
-from tests.support import RedisServer
+from tests.support.live import APP_ID, KEY, SECRET, Client, LiveServer, StartServer
+from tests.support.processes import RedisServer, ServerFactory
 
 pytestmark = pytest.mark.redis
 

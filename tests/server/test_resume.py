@@ -20,7 +20,8 @@ from broadcaster.backends.memory import MemoryBackend
 from broadcaster.publication import Position
 from tests.agui.conftest import sse
 from tests.reliability.helpers import report
-from tests.server.conftest import (
+from tests.server.test_channels import presence_fields
+from tests.support.live import (
     APP_ID,
     KEY,
     SECRET,
@@ -30,8 +31,7 @@ from tests.server.conftest import (
     wait_for,
     write_apps,
 )
-from tests.server.test_channels import presence_fields
-from tests.support import RedisServer
+from tests.support.processes import RedisServer
 
 Connect = Callable[..., Awaitable[Client]]
 

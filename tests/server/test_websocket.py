@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import websockets
 
-from tests.server.conftest import APP_ID, KEY, Client, LiveServer, StartServer, write_apps
+from tests.support.live import APP_ID, KEY, Client, LiveServer, StartServer, write_apps
 
 Connect = Callable[..., Awaitable[Client]]
 

@@ -1,4 +1,4 @@
-"""The envelope adapter: agent events in, ordered envelopes out (seed 004)."""
+"""The envelope adapter: agent events in, ordered envelopes out."""
 
 from __future__ import annotations
 
@@ -9,18 +9,18 @@ import jsonschema
 import orjson
 import pytest
 
-from agent_core.broadcasting import (
+from agent_core.adapters.broadcasting import (
     AdapterOptions,
     AgentEventAdapter,
     summarize_args,
     summarize_result,
 )
+from agent_core.app.demo_tools import demo_driver, demo_tools
+from agent_core.app.runs import PacedDriver
 from agent_core.builder import AgentBuilder
-from agent_core.demo_tools import demo_driver, demo_tools
 from agent_core.drivers.base import ModelDriver
 from agent_core.drivers.scripted import ScriptedDriver, ScriptedResponse, call
 from agent_core.hooks import HookPoint
-from agent_core.runs import PacedDriver
 from agent_core.state import AgentState
 from agent_core.tools import Tool
 from broadcaster.envelope import Envelope, json_schema
@@ -283,7 +283,7 @@ async def test_timer_tasks_do_not_leak() -> None:
 async def test_a_crashing_run_still_ends_with_a_failed_status() -> None:
     """A run that dies outside the agent loop (here: its stored conversation cannot be
     read) must not leave its followers waiting for a final status."""
-    from agent_core.runs import RunManager, RunRequest
+    from agent_core.app.runs import RunManager, RunRequest
 
     class NoStore:
         async def save(self, channel: str, snapshot: bytes) -> None:

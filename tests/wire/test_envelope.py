@@ -20,7 +20,7 @@ from broadcaster.envelope import (
     parse_envelope,
     utc_timestamp,
 )
-from tests.support import REPO
+from tests.support.processes import REPO
 
 BASE = {"session_id": "s-1", "execution_id": "e-1", "timestamp": "2026-01-16T10:05:00.123Z"}
 PAYLOADS: dict[str, dict[str, Any]] = {

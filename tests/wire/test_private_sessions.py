@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.conftest import Client, LiveServer, StartServer
+from tests.support.live import Client, LiveServer, StartServer
 from tests.wire.test_runs import read_run, start_run
 
 Connect = Callable[..., Awaitable[Client]]

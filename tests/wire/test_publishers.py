@@ -14,9 +14,8 @@ from redis.asyncio import Redis
 
 from broadcaster.envelope import StreamChunk, StreamChunkPayload
 from broadcaster.publishers import PusherHTTPPublisher, RedisPublisher
-from tests.conftest import ServerFactory
-from tests.server.conftest import Client, StartServer
-from tests.support import RedisServer, free_port
+from tests.support.live import Client, StartServer
+from tests.support.processes import RedisServer, ServerFactory, free_port
 
 Connect = Callable[..., Awaitable[Client]]
 CHANNEL = "agent.pub-test"

@@ -13,13 +13,13 @@ import httpx
 import orjson
 import pytest
 
-from agent_core.capabilities import CapabilityResult
-from agent_core.decider import ContinuationResult
-from agent_core.demo_routing import demo_parts
-from agent_core.demo_tools import demo_driver
-from agent_core.routing import CapabilityRouter
-from agent_core.runs import RunManager, RunRequest
-from agent_core.session import SessionMemory
+from agent_core.app.demo_routing import demo_parts
+from agent_core.app.demo_tools import demo_driver
+from agent_core.app.runs import RunManager, RunRequest
+from agent_core.orchestrators.routing.capabilities import CapabilityResult
+from agent_core.orchestrators.routing.decider import ContinuationResult
+from agent_core.orchestrators.routing.memory import SessionMemory
+from agent_core.orchestrators.routing.router import CapabilityRouter
 from broadcaster.envelope import Envelope
 from broadcaster.publishers import RecordingPublisher
 from tests.agent_core.test_openai_driver import (  # noqa: F401
@@ -31,9 +31,9 @@ from tests.agent_core.test_openai_driver import (  # noqa: F401
     text,
     usage,
 )
-from tests.conftest import ServerFactory
 from tests.orchestrators.support import valid
-from tests.server.conftest import Client
+from tests.support.live import Client
+from tests.support.processes import ServerFactory
 from tests.wire.test_runs import Event, read_run, start_run, subscribe
 
 Connect = Callable[..., Awaitable[Client]]

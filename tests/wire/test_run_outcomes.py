@@ -11,13 +11,13 @@ import httpx
 import jsonschema
 import orjson
 
-from agent_core.broadcasting import AdapterOptions, AgentEventAdapter
+from agent_core.adapters.broadcasting import AdapterOptions, AgentEventAdapter
+from agent_core.app.demo_tools import FAIL_MODEL, FAIL_TOOL, demo_driver
 from agent_core.builder import AgentBuilder
-from agent_core.demo_tools import FAIL_MODEL, FAIL_TOOL, demo_driver
 from agent_core.state import AgentState, AgentStatus
 from broadcaster.envelope import json_schema
 from broadcaster.publishers import RecordingPublisher
-from tests.server.conftest import StartServer
+from tests.support.live import StartServer
 from tests.wire.test_runs import Connect, Event, full_run, read_run, start_run, subscribe
 
 VALIDATOR = jsonschema.Draft202012Validator(json_schema())

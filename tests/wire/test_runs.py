@@ -13,9 +13,8 @@ import jsonschema
 import pytest
 
 from broadcaster.envelope import json_schema
-from tests.conftest import ServerFactory
-from tests.server.conftest import Client, LiveServer, StartServer
-from tests.support import RedisServer
+from tests.support.live import Client, LiveServer, StartServer
+from tests.support.processes import RedisServer, ServerFactory
 
 # Built once: jsonschema.validate() re-checks the schema itself on every call.
 VALIDATOR = jsonschema.Draft202012Validator(json_schema())

@@ -16,13 +16,12 @@ import orjson
 import pytest
 from redis.asyncio import Redis
 
-from agent_core.runs import RunRequest
-from agent_core.worker import RunQueue, Worker
+from agent_core.app.runs import RunRequest
+from agent_core.app.worker import RunQueue, Worker
 from broadcaster.publishers import state_key
-from tests.conftest import ServerFactory
 from tests.reliability.helpers import eventually
-from tests.server.conftest import Client
-from tests.support import REPO, RedisServer
+from tests.support.live import Client
+from tests.support.processes import REPO, RedisServer, ServerFactory
 from tests.wire.test_routed_runs import ROUTED_RUN, phases
 from tests.wire.test_runs import read_run, start_run, subscribe
 
@@ -32,14 +31,14 @@ PREFIX = "wire-worker"
 
 
 class WorkerProcess:
-    """``python -m agent_core.worker`` in a child process (ready when it says so)."""
+    """``python -m agent_core.app.worker`` in a child process (ready when it says so)."""
 
     def __init__(
         self, redis_url: str, prefix: str = PREFIX, env: dict[str, str] | None = None
     ) -> None:
         args = ["--redis", redis_url, "--redis-prefix", prefix, "--concurrency", "4"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent_core.worker", *args],
+            [sys.executable, "-m", "agent_core.app.worker", *args],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -39,9 +39,9 @@ With ``defer_final=True`` the final ``agent.status`` waits for
 :meth:`OrchestrationEventAdapter.publish_final`, so that a run manager can store the
 final state first and name its URL (``state_url``), as the agent adapter does.
 
-Options are the agent adapter's :class:`~agent_core.broadcasting.AdapterOptions`; the
+Options are the agent adapter's :class:`~agent_core.adapters.broadcasting.AdapterOptions`; the
 publishing machinery (order, coalesced text, ids) is the agent adapter's too
-(:class:`~agent_core.broadcasting.EnvelopeEmitter`).
+(:class:`~agent_core.adapters.broadcasting.EnvelopeEmitter`).
 """
 
 from __future__ import annotations
@@ -50,16 +50,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from agent_core import events as ev
-from agent_core import orchestration_events as oe
-from agent_core.broadcasting import (
+from agent_core.adapters.broadcasting import (
     AdapterOptions,
     EnvelopeEmitter,
     summarize_args,
     usage_payload,
 )
-from agent_core.decider import ContinuationResult
+from agent_core.orchestrators import orchestration_events as oe
+from agent_core.orchestrators.routing.decider import ContinuationResult
+from agent_core.orchestrators.stepbystep import StepByStep
 from agent_core.state import AgentStatus
-from agent_core.stepbystep import StepByStep
 from broadcaster import envelope as env
 from broadcaster.publishers import Publisher
 
@@ -73,7 +73,7 @@ class OrchestrationEventAdapter(EnvelopeEmitter):
         publisher: where envelopes go.
         session_id: the session; the channel is ``channel`` or ``agent.<session_id>``.
         execution_id: used for every envelope; when None, each event's own.
-        options: what to publish (see :class:`~agent_core.broadcasting.AdapterOptions`).
+        options: what to publish (see :class:`~agent_core.adapters.broadcasting.AdapterOptions`).
         channel: publish here instead of ``agent.<session_id>``.
         defer_final: hold the final ``agent.status`` until :meth:`publish_final`.
     """

@@ -1,6 +1,6 @@
-"""Collaboration: collaborators take turns on a shared task (seed 000).
+"""Collaboration: collaborators take turns on a shared task (docs/agent_core.md).
 
-The same shape as :mod:`agent_core.chat` with collaborators: a selector chooses the
+The same shape as :mod:`agent_core.orchestrators.chat` with collaborators: a selector chooses the
 collaborator of each step (round robin, or a model naming one with a fallback to the
 first), the collaborator works on the shared conversation, and its contribution is
 recorded as a :class:`CollaborationStep`. Events: ``collaboration.collaborator.selected``
@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent_core.orchestration_events import CollaboratorSelected
-from agent_core.process import ProcessState
-from agent_core.turns import (
+from agent_core.orchestrators.orchestration_events import CollaboratorSelected
+from agent_core.orchestrators.process import ProcessState
+from agent_core.orchestrators.turns import (
     Actor,
     CallableActor,
     ModelActor,
@@ -71,7 +71,7 @@ class CollaborationState(ProcessState[CollaborationStep]):
 
 
 class Collaboration(TurnOrchestrator[CollaborationState, CollaborationStep]):
-    """Collaborators take turns (see :class:`~agent_core.turns.TurnOrchestrator` for
+    """Collaborators take turns (see :class:`~agent_core.orchestrators.turns.TurnOrchestrator` for
     the arguments)."""
 
     process = "collaboration"

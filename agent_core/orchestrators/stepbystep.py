@@ -1,7 +1,7 @@
 """The generic step-by-step base under the tool-use, chat, collaboration and routing
-orchestrators (seed 000).
+orchestrators (docs/agent_core.md).
 
-:class:`StepByStep` runs a :class:`~agent_core.process.ProcessState` step by step:
+:class:`StepByStep` runs a :class:`~agent_core.orchestrators.process.ProcessState` step by step:
 
 - :meth:`~StepByStep.final_step` runs an execution to its end and returns the final
   state; :meth:`~StepByStep.iterator` yields the state after each step, then the
@@ -10,7 +10,7 @@ orchestrators (seed 000).
   (:meth:`~StepByStep.prepare_step`) and make the step
   (:meth:`~StepByStep.make_next_step`), runs the state processors on the transition
   state, judges it with the continuation criteria and records a
-  :class:`~agent_core.process.StepRecord` (step + outcome);
+  :class:`~agent_core.orchestrators.process.StepRecord` (step + outcome);
 - :meth:`~StepByStep.can_continue` asks the criteria before the execution's first
   step (the outcome is recorded in the state and, when it stops the run, emitted as
   step 0), then reads the last step result; a failed execution never continues;
@@ -28,7 +28,7 @@ the defaults, :class:`AppendStepMessages` and :class:`AccumulateUsage`, put the 
 messages into the conversation and its tokens into the usage.
 
 Only :meth:`iterator` and the step's own I/O await; events are recorded, then
-delivered at each stage (see :mod:`agent_core.orchestration_events`).
+delivered at each stage (see :mod:`agent_core.orchestrators.orchestration_events`).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from agent_core.events import (
     ToolCallStarted,
 )
 from agent_core.messages import ToolCall
-from agent_core.orchestration_events import (
+from agent_core.orchestrators.orchestration_events import (
     ProcessCompleted,
     ProcessContinuationEvaluated,
     ProcessStarted,
@@ -64,7 +64,7 @@ from agent_core.orchestration_events import (
     ProcessStepFailed,
     ProcessStepStarted,
 )
-from agent_core.process import ProcessState, ProcessStep, StepRecord
+from agent_core.orchestrators.process import ProcessState, ProcessStep, StepRecord
 from agent_core.state import AgentStatus
 from agent_core.steps import ToolExecution
 from agent_core.tools import ToolRegistry

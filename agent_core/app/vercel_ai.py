@@ -57,7 +57,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from agent_core.runs import RunHandle, RunRefused, RunRequest, SessionBusy
+from agent_core.app.runs import RunHandle, RunRefused, RunRequest, SessionBusy
 from broadcaster import envelope as env
 from broadcaster.backends.base import BackendUnavailable
 from broadcaster.http_input import BodyRefused, describe_validation, read_body, validation_details

@@ -1,4 +1,4 @@
-"""Intent classification (seed 002): which capability a request needs, with which
+"""Intent classification (docs/agent_core.md, routing): which capability a request needs, with which
 arguments.
 
 :class:`RuleBasedClassifier` (the default) matches ordered regular-expression rules;
@@ -16,11 +16,11 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_core._structured import parse_structured
-from agent_core.capabilities import CapabilityRegistry
 from agent_core.drivers.base import ModelDriver, ModelRequest, complete
 from agent_core.errors import ValidationError
 from agent_core.messages import Message, Usage
-from agent_core.session import SessionContext
+from agent_core.orchestrators.routing.capabilities import CapabilityRegistry
+from agent_core.orchestrators.routing.memory import SessionContext
 
 __all__ = [
     "Intent",

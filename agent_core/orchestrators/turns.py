@@ -35,9 +35,15 @@ from agent_core.error_policy import ErrorPolicy, ErrorPolicyCriterion
 from agent_core.errors import AgentError
 from agent_core.events import EventDispatcher
 from agent_core.messages import FinishReason, Message, Role, ToolCall, Usage
-from agent_core.orchestration_events import ActorSelected
-from agent_core.process import ProcessState
-from agent_core.stepbystep import ProcessorLike, StepByStep, StepContext, infer, run_tool_calls
+from agent_core.orchestrators.orchestration_events import ActorSelected
+from agent_core.orchestrators.process import ProcessState
+from agent_core.orchestrators.stepbystep import (
+    ProcessorLike,
+    StepByStep,
+    StepContext,
+    infer,
+    run_tool_calls,
+)
 from agent_core.steps import StepError, ToolExecution
 from agent_core.tools import Tool, ToolRegistry
 
@@ -495,7 +501,7 @@ class TurnOrchestrator(StepByStep[StateT, StepT]):
         criteria: replaces :func:`turn_criteria` with the limits below.
         max_steps, max_tokens, max_retries: limits of the default criteria.
         error_policy: the error check's policy (default: retry all errors).
-        processors, events, clock: see :class:`~agent_core.stepbystep.StepByStep`.
+        processors, events, clock: see :class:`~agent_core.orchestrators.stepbystep.StepByStep`.
     """
 
     state_class: ClassVar[type[Any]]

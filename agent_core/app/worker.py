@@ -13,7 +13,7 @@ Leases: every queued run has a deadline in ``run-leases``. While it waits, the d
 is ``queue_timeout`` after it was queued; a worker that takes it sets it to ``lease``
 seconds ahead and renews it (with the session's claim) every third of that. Any worker,
 and the web node, look for runs past their deadline every third of their lease and end
-them ``failed`` (:func:`agent_core.runs.end_abandoned`): a final state is stored, the
+them ``failed`` (:func:`agent_core.app.runs.end_abandoned`): a final state is stored, the
 final ``agent.status`` is published and the session is free again. So a SIGKILLed
 worker's run ends within ``lease`` plus a reap interval, and a run no worker takes ends
 after ``queue_timeout``. A worker that finds its lease gone (it stalled past it) stops
@@ -48,8 +48,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from agent_core.demo_routing import DemoParts, demo_parts
-from agent_core.runs import (
+from agent_core.app.demo_routing import DemoParts, demo_parts
+from agent_core.app.runs import (
     ClientRateLimit,
     RunHandle,
     RunManager,

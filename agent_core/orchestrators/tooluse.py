@@ -2,7 +2,7 @@
 
 Each step asks the model (streaming its text), runs the tools it calls and records an
 :class:`~agent_core.steps.AgentStep` (a tool-use step has the agent step's shape) as a
-:class:`~agent_core.process.StepRecord`. Unlike the :class:`~agent_core.agent.Agent`
+:class:`~agent_core.orchestrators.process.StepRecord`. Unlike the :class:`~agent_core.agent.Agent`
 it has no lifecycle hooks: customise it with criteria and state processors.
 
 Default criteria: ``StepsLimit(20)``, ``TokenUsageLimit(32768)``,
@@ -24,8 +24,14 @@ from agent_core.error_policy import ErrorPolicy, ErrorPolicyCriterion
 from agent_core.errors import AgentError
 from agent_core.events import EventDispatcher
 from agent_core.messages import Message
-from agent_core.process import ProcessState
-from agent_core.stepbystep import ProcessorLike, StepByStep, StepContext, infer, run_tool_calls
+from agent_core.orchestrators.process import ProcessState
+from agent_core.orchestrators.stepbystep import (
+    ProcessorLike,
+    StepByStep,
+    StepContext,
+    infer,
+    run_tool_calls,
+)
 from agent_core.steps import AgentStep
 from agent_core.tools import Tool, ToolRegistry
 
@@ -57,7 +63,7 @@ class ToolUse(StepByStep[ToolUseState, AgentStep]):
         error_policy: how errors are judged (default: stop on any error).
         system_prompt: sent before the conversation.
         request_options: model request fields (``model``, ``temperature``, ...).
-        processors, events, clock: see :class:`~agent_core.stepbystep.StepByStep`.
+        processors, events, clock: see :class:`~agent_core.orchestrators.stepbystep.StepByStep`.
     """
 
     process = "tool_use"

@@ -1,4 +1,4 @@
-"""Continuation deciders (seed 002, Phases 7 and 8): after each capability execution,
+"""Continuation deciders (docs/agent_core.md, routing): after each capability execution,
 is the request done, or should another capability run?
 
 A decider returns a structured :class:`ContinuationResult` (done, next_capability,
@@ -17,11 +17,11 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_core._structured import parse_structured
-from agent_core.capabilities import CapabilityRegistry, CapabilityResult
 from agent_core.continuation import ContinuationDecision, ContinuationEvaluation
 from agent_core.drivers.base import ModelDriver, ModelRequest, complete
 from agent_core.errors import ValidationError
 from agent_core.messages import Message, Usage
+from agent_core.orchestrators.routing.capabilities import CapabilityRegistry, CapabilityResult
 
 __all__ = [
     "ContinuationDecider",

@@ -2,7 +2,7 @@
 
 :class:`FullProcessStateSerializer` is the lossless round trip of
 :meth:`ProcessState.to_dict` / :meth:`ProcessState.from_dict`.
-:class:`SlimProcessStateSerializer` writes the slim snapshot of seed 004 with the same
+:class:`SlimProcessStateSerializer` writes the slim snapshot (docs/agent_core.md) with the same
 :class:`~agent_core.slim.SlimSerializationConfig` and message/usage/execution form as
 the agent's (it delegates those to :class:`~agent_core.slim.SlimAgentStateSerializer`),
 with ``id`` and ``process`` in place of ``agent_id`` and each step summary naming its
@@ -23,11 +23,11 @@ import json
 from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 
-from agent_core.process import ProcessState, StepRecord
+from agent_core.orchestrators.process import ProcessState, StepRecord
+from agent_core.orchestrators.stepbystep import step_tool_calls
 from agent_core.serialization import SerializationError, rebuild
 from agent_core.slim import SlimAgentStateSerializer, SlimSerializationConfig
 from agent_core.state import AgentState
-from agent_core.stepbystep import step_tool_calls
 
 __all__ = ["FullProcessStateSerializer", "SlimProcessStateSerializer"]
 

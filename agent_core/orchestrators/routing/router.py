@@ -1,4 +1,4 @@
-"""Capability routing (seed 002) on the step-by-step base.
+"""Capability routing on the step-by-step base (docs/agent_core.md).
 
 :meth:`CapabilityRouter.handle` serves one request (``POST /run {input,
 session_id?}``):
@@ -9,7 +9,7 @@ session_id?}``):
 4. execute the capability (a tool-like call with its own id) -> ``CapabilityResult``;
 5. add the step's timing and the session id to the result's metadata and ask the
    continuation decider -> ``ContinuationResult``; while it is not done, run the
-   capability it names (Phase 8), bounded by ``max_steps``. A decider that fails does
+   capability it names (the routing loop), bounded by ``max_steps``. A decider that fails does
    not lose the result: its error is recorded on the step and the request is done
    with the capability's output;
 6. append the turn to session memory;
@@ -17,9 +17,10 @@ session_id?}``):
    ``CapabilityResult``, with timing and session id in its metadata).
 
 Steps 2-5 are steps of the base: each capability execution is one recorded step whose
-outcome includes the decider's evaluation (:class:`~agent_core.decider.DeciderCriterion`),
-so every stage is an event (see :mod:`agent_core.orchestration_events`) and reaches
-the session's channel through :mod:`agent_core.orchestration_broadcasting`.
+outcome includes the decider's evaluation
+(:class:`~agent_core.orchestrators.routing.decider.DeciderCriterion`), so every stage
+is an event (see :mod:`agent_core.orchestrators.orchestration_events`) and reaches the
+session's channel through :mod:`agent_core.adapters.orchestration_broadcasting`.
 """
 
 from __future__ import annotations
@@ -32,36 +33,45 @@ from typing import Any
 
 from agent_core._ids import new_id
 from agent_core._time import Clock, elapsed_ms, to_iso, utc_now
-from agent_core.capabilities import Capability, CapabilityRegistry, CapabilityResult
-from agent_core.classifier import Intent, IntentClassifier, Rule, RuleBasedClassifier
 from agent_core.continuation import ContinuationCriteria
 from agent_core.criteria import StepsLimit
-from agent_core.decider import (
-    ContinuationDecider,
-    ContinuationResult,
-    DeciderCriterion,
-    NoOpContinuationDecider,
-)
 from agent_core.error_policy import ErrorPolicy, ErrorPolicyCriterion
 from agent_core.errors import AgentError, ToolError
 from agent_core.events import EventDispatcher
 from agent_core.messages import FinishReason, Message, Role, ToolCall, Usage
-from agent_core.orchestration_events import (
+from agent_core.orchestrators.orchestration_events import (
     CapabilitySelected,
     ContinuationDecided,
     IntentClassified,
     ReferencesResolved,
     SessionMemoryAppended,
 )
-from agent_core.process import ProcessState
-from agent_core.session import (
+from agent_core.orchestrators.process import ProcessState
+from agent_core.orchestrators.routing.capabilities import (
+    Capability,
+    CapabilityRegistry,
+    CapabilityResult,
+)
+from agent_core.orchestrators.routing.classifier import (
+    Intent,
+    IntentClassifier,
+    Rule,
+    RuleBasedClassifier,
+)
+from agent_core.orchestrators.routing.decider import (
+    ContinuationDecider,
+    ContinuationResult,
+    DeciderCriterion,
+    NoOpContinuationDecider,
+)
+from agent_core.orchestrators.routing.memory import (
     InMemorySessionMemory,
     ReferenceResolver,
     SessionContext,
     SessionMemory,
     SessionTurn,
 )
-from agent_core.stepbystep import ProcessorLike, StepByStep, StepContext
+from agent_core.orchestrators.stepbystep import ProcessorLike, StepByStep, StepContext
 from agent_core.steps import StepError
 
 __all__ = [
@@ -75,7 +85,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ROUTING_MAX_STEPS = 5
-"""Capability executions one request may take (the Phase 8 loop bound)."""
+"""Capability executions one request may take (the routing loop's bound)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +258,7 @@ class CapabilityRouter(StepByStep[RoutingState, RoutingStep]):
         max_steps: capability executions per request.
         criteria: replaces the default criteria (steps limit, error policy, decider).
         error_policy: how errors are judged (default: stop on any error).
-        processors, events, clock: see :class:`~agent_core.stepbystep.StepByStep`.
+        processors, events, clock: see :class:`~agent_core.orchestrators.stepbystep.StepByStep`.
     """
 
     process = "routing"

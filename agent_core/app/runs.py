@@ -1,24 +1,24 @@
 """Runs: start an agent for a session and let its events flow to ``agent.<session>``.
 
-:class:`RunManager` is what ``POST /run {input, session_id?, mode?}`` (seed 002's
+:class:`RunManager` is what ``POST /run {input, session_id?, mode?}`` (the routing design's
 request shape) calls. It answers at once with the session, execution and channel, runs
-the agent in the background with an :class:`~agent_core.broadcasting.AgentEventAdapter`,
+the agent in the background with an :class:`~agent_core.adapters.broadcasting.AgentEventAdapter`,
 stores the final slim snapshot (standard preset with the continuation trace, so it says
 why the run stopped, and a failed run's error message) for reconcile before the final
 ``agent.status``, and refuses a second run on a busy session. A new run on a session
 with a stored snapshot continues that conversation, and its step numbers continue after
 the earlier runs' steps.
 
-``mode`` ``"route"`` runs the capability router instead (seed 002: resolve references,
+``mode`` ``"route"`` runs the capability router instead (docs/agent_core.md: resolve references,
 classify, execute a capability, ask the continuation decider, remember the turn),
-published by an :class:`~agent_core.orchestration_broadcasting.OrchestrationEventAdapter`;
+published by an :class:`~agent_core.adapters.orchestration_broadcasting.OrchestrationEventAdapter`;
 its final snapshot is the slim process snapshot (with the last continuation) plus a
 ``routing`` object (input, resolved input, intent, capabilities, decisions, decider
 errors, and the session's turns, which the next routed run of the session resolves
 against).
 
 The manager does not know the demo: its composition root passes the agent's driver
-factory and tools, and the router factory (:mod:`agent_core.demo_routing`).
+factory and tools, and the router factory (:mod:`agent_core.app.demo_routing`).
 
 Admission, in order: the session must be free (:class:`SessionBusy`, 409; with
 ``claims`` the session is claimed in the backend, a lease renewed while the run goes,
@@ -44,7 +44,8 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent_core._time import utc_now
-from agent_core.broadcasting import AdapterOptions, AgentEventAdapter
+from agent_core.adapters.broadcasting import AdapterOptions, AgentEventAdapter
+from agent_core.adapters.orchestration_broadcasting import OrchestrationEventAdapter
 from agent_core.builder import DEFAULT_MAX_STEPS, AgentBuilder
 from agent_core.continuation import (
     ContinuationDecision,
@@ -54,10 +55,9 @@ from agent_core.continuation import (
 )
 from agent_core.drivers.base import ModelDriver, ModelRequest, StreamEvent
 from agent_core.messages import Role
-from agent_core.orchestration_broadcasting import OrchestrationEventAdapter
-from agent_core.process_serialization import SlimProcessStateSerializer
-from agent_core.routing import CapabilityRouter, RoutingState
-from agent_core.session import SessionContext, SessionMemory, SessionTurn
+from agent_core.orchestrators.process_serialization import SlimProcessStateSerializer
+from agent_core.orchestrators.routing.memory import SessionContext, SessionMemory, SessionTurn
+from agent_core.orchestrators.routing.router import CapabilityRouter, RoutingState
 from agent_core.slim import SlimAgentStateSerializer, SlimSerializationConfig
 from agent_core.state import AgentState, AgentStatus
 from agent_core.tools import Tool
@@ -132,7 +132,7 @@ class RunRequest(BaseModel):
     )
     mode: RunMode | None = Field(
         default=None,
-        description="agent: the tool-using agent; route: the capability router (seed 002); "
+        description="agent: the tool-using agent; route: the capability router; "
         "default: the server's setting",
     )
 
@@ -342,7 +342,7 @@ def new_execution_id() -> str:
 
 
 def snapshot_config() -> SlimSerializationConfig:
-    """What runs store for reconcile: seed 004's standard preset with the continuation
+    """What runs store for reconcile: the slim snapshot's standard preset with the continuation
     trace on (``last_continuation`` says why the run stopped and who decided)."""
     return replace(SlimSerializationConfig.standard(), include_continuation_trace=True)
 
@@ -586,7 +586,7 @@ class RunManager:
         await self.state_store.save(handle.channel, orjson.dumps(snapshot))
         return self.state_url(handle.session_id)
 
-    # -- routed runs (seed 002) -----------------------------------------------------------
+    # -- routed runs --------------------------------------------------------------------
 
     async def route(self, handle: RunHandle, request: RunRequest) -> AgentState | None:
         """Run ``request`` through the capability router as ``handle``: the final state

@@ -1,4 +1,4 @@
-"""Capabilities (seed 002): named actions a router can execute, and their results.
+"""Capabilities: named actions a router can execute, and their results (docs/agent_core.md).
 
 A :class:`Capability` has a name, a description, JSON-schema parameters and an async
 ``execute(arguments)`` returning a :class:`CapabilityResult`. :class:`FunctionCapability`

@@ -1,4 +1,4 @@
-"""The envelope adapter (seed 004's ``ReverbAgentEventAdapter``): agent events in,
+"""The envelope adapter (docs/protocol.md, the envelope): agent events in,
 envelopes on ``agent.<session>`` out.
 
 :class:`AgentEventAdapter` listens to an agent's events and publishes one envelope per
@@ -55,7 +55,7 @@ class AdapterOptions:
 
     Args:
         include_continuation_trace: publish ``agent.continuation`` with every
-            evaluation (the debugging view); off by default, as in seed 004.
+            evaluation (the debugging view); off by default.
         include_step_continuation: add the continuation summary (should_continue,
             stop_reason, resolved_by) to ``agent.step.completed``.
         include_stream_chunks: publish ``agent.stream.chunk``.
@@ -92,7 +92,7 @@ def _clip(text: str, limit: int) -> str:
 def summarize_args(
     args: Mapping[str, Any], *, max_args: int = 3, value_length: int = 30, redact: bool = False
 ) -> str:
-    """``key: 'text', n: 3`` for the first ``max_args`` arguments (seed 004)."""
+    """``key: 'text', n: 3`` for the first ``max_args`` arguments."""
     parts = []
     for key, value in list(args.items())[:max_args]:
         if redact:
@@ -108,7 +108,7 @@ def summarize_args(
 
 
 def summarize_result(result: Any, length: int = 100) -> str | None:
-    """The result as text, cut to ``length`` characters with ``...`` (seed 004)."""
+    """The result as text, cut to ``length`` characters with ``...``."""
     if result is None:
         return None
     text = result if isinstance(result, str) else orjson.dumps(result, default=str).decode()

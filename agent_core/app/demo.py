@@ -16,7 +16,7 @@ Routes:
 
 Settings come from ``AGENT_DEMO_*`` environment variables (:class:`DemoSettings`). With
 ``AGENT_DEMO_RUN_MODE=queue`` runs are queued in Redis for ``agent-worker`` processes
-(:mod:`agent_core.worker`) and this web process only fans out.
+(:mod:`agent_core.app.worker`) and this web process only fans out.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from agent_core import agui, vercel_ai
-from agent_core.demo_routing import demo_parts
-from agent_core.runs import (
+from agent_core.app import agui, vercel_ai
+from agent_core.app.demo_routing import demo_parts
+from agent_core.app.runs import (
     BackendClaims,
     ClientRateLimit,
     RunManager,
@@ -48,7 +48,7 @@ from agent_core.runs import (
     RunStarter,
     SessionBusy,
 )
-from agent_core.worker import RunQueue
+from agent_core.app.worker import RunQueue
 from broadcaster._text import excerpt
 from broadcaster.backends import BackendUnavailable
 from broadcaster.extensions import ExtensionContext, ExtensionError
@@ -69,7 +69,7 @@ from broadcaster.signing import InvalidSocketId, channel_auth, check_socket_id
 
 __all__ = ["FRONTEND_DIR", "DemoSettings", "install", "private_channel", "session_token"]
 
-FRONTEND_DIR = Path(__file__).resolve().parent.parent / "frontend-demo"
+FRONTEND_DIR = Path(__file__).resolve().parents[2] / "frontend-demo"
 AUTH_PATH = "/broadcasting/auth"
 
 
@@ -98,7 +98,7 @@ class DemoSettings(BaseSettings):
     run_default_mode: Literal["agent", "route"] = Field(
         default="agent",
         description="the mode of a POST /run that names none: agent (the tool-using "
-        "agent) or route (the capability router, seed 002)",
+        "agent) or route (the capability router)",
     )
     max_runs: int = Field(
         default=1000, ge=1, description="runs at once on this node (local mode); more: 503"

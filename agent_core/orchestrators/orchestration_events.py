@@ -9,7 +9,7 @@ text reuse the agent's :class:`~agent_core.events.ToolCallStarted`,
 :class:`~agent_core.events.ToolCallCompleted` and
 :class:`~agent_core.events.StreamChunk`.
 
-See :mod:`agent_core.orchestration_broadcasting` for how they become envelopes.
+See :mod:`agent_core.adapters.orchestration_broadcasting` for how they become envelopes.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from agent_core.continuation import ContinuationOutcome, StopReason
-from agent_core.decider import ContinuationResult
 from agent_core.errors import ErrorType
 from agent_core.events import AgentEvent, _plain
 from agent_core.messages import FinishReason, ToolCall, Usage
-from agent_core.process import ProcessState
+from agent_core.orchestrators.process import ProcessState
+from agent_core.orchestrators.routing.decider import ContinuationResult
 from agent_core.state import AgentStatus
 
 __all__ = [

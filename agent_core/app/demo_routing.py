@@ -1,4 +1,4 @@
-"""The demo's capability router (seed 002 behind ``POST /run {"mode": "route"}``).
+"""The demo's capability router (behind ``POST /run {"mode": "route"}``).
 
 Three capabilities:
 
@@ -10,12 +10,12 @@ With the scripted driver everything is deterministic and offline: a rule-based
 classifier (summary requests, then weather requests, else chat), a follow-up resolver
 ("and in Paris?" after a weather request asks about Paris), scripted chat and summary
 answers. With ``AGENT_DEMO_DRIVER=openai`` the classifier, the resolver and the
-capabilities use the OpenAI-compatible driver. The decider is the no-op one (seed 002's
+capabilities use the OpenAI-compatible driver. The decider is the no-op one (the routing design's
 production default): each request runs one capability.
 
-:func:`demo_parts` gives what :class:`~agent_core.runs.RunManager` needs (the agent's
+:func:`demo_parts` gives what :class:`~agent_core.app.runs.RunManager` needs (the agent's
 driver factory and tools, and the router factory); the demo's composition root
-(:mod:`agent_core.demo`) and ``agent-worker`` pass them in.
+(:mod:`agent_core.app.demo`) and ``agent-worker`` pass them in.
 """
 
 from __future__ import annotations
@@ -25,22 +25,27 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from agent_core.app.demo_tools import demo_driver, demo_tools
+from agent_core.app.runs import DriverFactory, PacedDriver, RouterFactory, RunRequest, ToolsFactory
 from agent_core.builder import AgentBuilder
-from agent_core.capabilities import CapabilityRegistry, CapabilityResult
-from agent_core.classifier import IntentClassifier, ModelIntentClassifier, Rule, RuleBasedClassifier
-from agent_core.demo_tools import demo_driver, demo_tools
 from agent_core.drivers.base import ModelDriver, ModelRequest, complete
 from agent_core.drivers.scripted import ScriptedDriver, ScriptedResponse
 from agent_core.messages import Message
-from agent_core.routing import CapabilityRouter
-from agent_core.runs import DriverFactory, PacedDriver, RouterFactory, RunRequest, ToolsFactory
-from agent_core.session import (
+from agent_core.orchestrators.routing.capabilities import CapabilityRegistry, CapabilityResult
+from agent_core.orchestrators.routing.classifier import (
+    IntentClassifier,
+    ModelIntentClassifier,
+    Rule,
+    RuleBasedClassifier,
+)
+from agent_core.orchestrators.routing.memory import (
     ModelReferenceResolver,
     ReferenceResolver,
     Resolution,
     SessionContext,
     SessionMemory,
 )
+from agent_core.orchestrators.routing.router import CapabilityRouter
 from agent_core.state import AgentStatus
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Session context and memory for capability routing (seed 002).
+"""Session context and memory for capability routing (docs/agent_core.md).
 
 A :class:`SessionContext` is what a session remembers: its earlier turns (input,
 resolved input, capability, output, success). A :class:`SessionMemory` stores contexts

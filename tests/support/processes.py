@@ -16,14 +16,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
 import pytest
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def require_binary(name: str) -> str:
@@ -210,3 +210,7 @@ class ServerProcess:
                 self.proc.wait(10)
         self._close()
         return self.proc.returncode
+
+
+ServerFactory = Callable[..., ServerProcess]
+"""Starts a ``python -m broadcaster serve`` process (the ``server_factory`` fixture)."""

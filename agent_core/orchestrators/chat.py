@@ -1,13 +1,13 @@
-"""Chat: participants take turns on the step-by-step base (seed 000).
+"""Chat: participants take turns on the step-by-step base (docs/agent_core.md).
 
-A selector (:class:`~agent_core.turns.RoundRobinSelector` by default, or
-:class:`~agent_core.turns.ModelSelector`) chooses the participant of each step; the
+A selector (:class:`~agent_core.orchestrators.turns.RoundRobinSelector` by default, or
+:class:`~agent_core.orchestrators.turns.ModelSelector`) chooses the participant of each step; the
 participant answers and the answer is recorded as a :class:`ChatStep` in a
-:class:`~agent_core.process.StepRecord`. Participants: :class:`ScriptedParticipant`,
+:class:`~agent_core.orchestrators.process.StepRecord`. Participants: :class:`ScriptedParticipant`,
 :class:`CallableParticipant` (external), :class:`ModelParticipant` (a model, with or
 without tools). Events: ``chat.participant.selected`` plus the process events.
 
-Defaults (SPEC-agent-core): finish reasons stop/length/content_filter end the chat,
+Defaults (docs/agent_core.md): finish reasons stop/length/content_filter end the chat,
 16 steps, 4096 tokens, an error check that retries a failed turn twice.
 """
 
@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agent_core.orchestration_events import ParticipantSelected
-from agent_core.process import ProcessState
-from agent_core.turns import (
+from agent_core.orchestrators.orchestration_events import ParticipantSelected
+from agent_core.orchestrators.process import ProcessState
+from agent_core.orchestrators.turns import (
     Actor,
     CallableActor,
     ModelActor,
@@ -43,16 +43,17 @@ Participant = Actor
 
 
 class ScriptedParticipant(ScriptedActor):
-    """A participant playing scripted replies (see :class:`~agent_core.turns.ScriptedActor`)."""
+    """A participant playing scripted replies (see
+    :class:`~agent_core.orchestrators.turns.ScriptedActor`)."""
 
 
 class CallableParticipant(CallableActor):
-    """An external participant (see :class:`~agent_core.turns.CallableActor`)."""
+    """An external participant (see :class:`~agent_core.orchestrators.turns.CallableActor`)."""
 
 
 class ModelParticipant(ModelActor):
     """A model-backed participant, with or without tools
-    (see :class:`~agent_core.turns.ModelActor`)."""
+    (see :class:`~agent_core.orchestrators.turns.ModelActor`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +78,7 @@ class ChatState(ProcessState[ChatStep]):
 
 class Chat(TurnOrchestrator[ChatState, ChatStep]):
     """Participants take turns (see the module docstring and
-    :class:`~agent_core.turns.TurnOrchestrator` for the arguments)."""
+    :class:`~agent_core.orchestrators.turns.TurnOrchestrator` for the arguments)."""
 
     process = "chat"
     state_class = ChatState

@@ -1,0 +1,110 @@
+"""What a connection needs from the socket under it: transport-neutral types.
+
+A :class:`~broadcaster.connection.Connection` writes pre-built frames to a
+:class:`RawSocket` when the server runs the fast path (:mod:`broadcaster._uvicorn`, a
+subclass of a private uvicorn class), and a :class:`Sessions` serves WebSocket paths
+natively under it. Nothing here imports uvicorn: the node, the connections and the
+WebSocket endpoint depend on these types only, so a uvicorn release that breaks the
+fast path cannot break ``import broadcaster.node``; the server then falls back to the
+plain ASGI path (see :mod:`broadcaster._compat`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "EXTENSION",
+    "SESSIONS_STATE",
+    "NativeSocket",
+    "RawSocket",
+    "ReportsLoss",
+    "Session",
+    "Sessions",
+]
+
+EXTENSION = "broadcaster.raw_socket"
+"""The key of the :class:`RawSocket` in an ASGI WebSocket scope's ``extensions``."""
+
+SESSIONS_STATE = "broadcaster_sessions"
+"""The key of the :class:`Sessions` in the application's lifespan state."""
+
+
+class RawSocket(Protocol):
+    """What a connection needs from the fast path (see
+    :class:`broadcaster._uvicorn.FastWebSocketProtocol`)."""
+
+    @property
+    def closing(self) -> bool:
+        """True once a close frame was sent or the transport is going away."""
+        ...
+
+    def write(self, data: bytes) -> None:
+        """Write already framed bytes; dropped silently once closing."""
+        ...
+
+    def buffered(self) -> int:
+        """Bytes written but not yet accepted by the kernel."""
+        ...
+
+    def close_now(self, code: int, reason: str, abort_after: float) -> None:
+        """Send a close frame and drop the transport if the peer does not answer."""
+        ...
+
+
+class NativeSocket(RawSocket, Protocol):
+    """What a native :class:`Session` gets besides frame writes: inbound flow control
+    and tasks that the server waits for on shutdown."""
+
+    def pause_reading(self) -> None:
+        """Stop reading from the peer until :meth:`resume_reading` (not while closing)."""
+        ...
+
+    def resume_reading(self) -> None:
+        """Read from the peer again."""
+        ...
+
+    def run_task(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` as a task that a graceful shutdown waits for."""
+        ...
+
+    def limit_message_size(self, size: int) -> None:
+        """Refuse inbound messages over ``size`` bytes from now on (close 1009, from the
+        frame header, before their payload is read)."""
+        ...
+
+
+class Session(Protocol):
+    """One natively served WebSocket connection, driven by the protocol's callbacks."""
+
+    def received(self, data: str | bytes) -> None:
+        """A complete message arrived (text as ``str``)."""
+        ...
+
+    def lost(self) -> None:
+        """The transport is gone; called once, last."""
+        ...
+
+
+class Sessions(Protocol):
+    """Serves WebSocket paths natively (see the module doc)."""
+
+    def serves(self, path: str) -> bool:
+        """Whether ``path`` (percent-decoded, without the query) is served natively."""
+        ...
+
+    def open(
+        self, socket: NativeSocket, path: str, query: str, origin: str | None
+    ) -> Session | None:
+        """A handshake to ``path`` was accepted: the session, or None when the
+        connection was refused (an error and a close frame written to ``socket``)."""
+        ...
+
+
+@runtime_checkable
+class ReportsLoss(Protocol):
+    """A WebSocket protocol that calls ``on_lost`` once its transport is gone (the fast
+    path does; the connection guard then gives the address's slot back through it)."""
+
+    on_lost: Callable[[], None] | None

@@ -1,0 +1,262 @@
+"""The hub's hardest logic, tested directly: fan-out, the seam between history and live
+publications, gap filling, paged resume and leave-then-rejoin. A scripted backend and
+recording connections; no server, no Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from broadcaster.backends.base import BackendUnavailable
+from broadcaster.connection import Delivery
+from broadcaster.hub import Hub, Resumed
+from broadcaster.metrics import Metrics
+from broadcaster.publication import Position
+from tests.support.hub import APP, ScriptedBackend, publication, recording_connection, tick
+
+CH = "agent.run"
+APP_ID = APP.id
+
+
+def make_hub(backend: ScriptedBackend, **options: int) -> Hub:
+    return Hub(backend, Metrics(), **options)  # type: ignore[arg-type]
+
+
+def stream(*offsets: int, epoch: str = "e1") -> list:  # type: ignore[type-arg]
+    return [publication(CH, n, epoch) for n in offsets]
+
+
+async def test_one_publication_is_encoded_once_and_sent_to_every_subscriber_but_the_sender() -> (
+    None
+):
+    backend = ScriptedBackend()
+    hub = make_hub(backend)
+    (a, raw_a), (b, raw_b), (c, raw_c) = (recording_connection(s) for s in ("1.1", "1.2", "1.3"))
+    for conn in (a, b, c):
+        await hub.subscribe(conn, CH)
+    hub.deliver(publication(CH, 1, exclude_socket_id="1.3"))
+    await tick()
+    assert raw_a.written == raw_b.written != b""
+    assert raw_c.written == b""
+    assert backend.calls == [("subscribe", CH)]  # the backend subscribed once
+
+
+async def test_a_resume_sends_the_history_then_the_held_live_ones_without_duplicate() -> None:
+    """Live publications arriving while the history is read are held; at the seam the
+    ones the history already sent are dropped and the newer ones follow, in order."""
+    backend = ScriptedBackend(streams={CH: stream(1, 2, 3)})
+    backend.gate["history"] = asyncio.Event()
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH, recovering=True)
+    resume = asyncio.create_task(hub.resume(conn, CH, Position(0, "e1")))
+    await tick()
+    hub.deliver(publication(CH, 3))  # also in the history being read
+    hub.deliver(publication(CH, 4))  # newer than the history read
+    await tick()
+    assert raw.offsets() == []  # held back while recovering
+    backend.gate["history"].set()
+    assert await resume == Resumed(True, Position(3, "e1"))
+    await tick()
+    assert raw.offsets() == [1, 2, 3, 4]
+
+
+async def test_after_a_resume_a_late_copy_of_the_last_history_publication_is_dropped() -> None:
+    """With Redis, the pub/sub copy of a publication read from history can arrive after
+    the resume: the seam drops it, and lets the next one through."""
+    backend = ScriptedBackend(streams={CH: stream(1, 2)})
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    other, other_raw = recording_connection("1.2")
+    await hub.subscribe(other, CH)
+    await hub.subscribe(conn, CH, recovering=True)
+    assert await hub.resume(conn, CH, Position(0, "e1")) == Resumed(True, Position(2, "e1"))
+    hub.deliver(publication(CH, 2))  # the late copy
+    hub.deliver(publication(CH, 3))
+    hub.deliver(publication(CH, 4))
+    await tick()
+    assert raw.offsets() == [1, 2, 3, 4]
+    assert other_raw.offsets() == [2, 3, 4]
+
+
+async def test_a_resume_reads_a_long_history_page_by_page() -> None:
+    backend = ScriptedBackend(streams={CH: stream(*range(1, 251))})
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH, recovering=True)
+    assert await hub.resume(conn, CH, Position(0, "e1")) == Resumed(True, Position(250, "e1"))
+    await tick()
+    assert raw.offsets() == list(range(1, 251))
+    reads = [call for call in backend.calls if call[0] == "history"]
+    assert [(call[2].offset, call[3]) for call in reads] == [(0, 100), (100, 100), (200, 100)]
+
+
+async def test_a_resume_from_a_trimmed_position_is_not_recovered_and_goes_live() -> None:
+    backend = ScriptedBackend(streams={CH: stream(5, 6)}, trimmed={CH: 4})
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH, recovering=True)
+    assert await hub.resume(conn, CH, Position(1, "e1")) == Resumed(False, Position(6, "e1"))
+    hub.deliver(publication(CH, 7))
+    await tick()
+    assert raw.offsets() == [7]  # nothing from history, live again
+
+
+async def test_a_resume_from_another_epoch_is_not_recovered() -> None:
+    backend = ScriptedBackend(streams={CH: stream(1, 2, epoch="e2")})
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH, recovering=True)
+    assert await hub.resume(conn, CH, Position(9, "e1")) == Resumed(False, Position(2, "e2"))
+    await tick()
+    assert raw.offsets() == []
+
+
+async def test_a_failed_history_read_leaves_the_connection_held_for_the_caller() -> None:
+    backend = ScriptedBackend(streams={CH: stream(1)}, fail={"history"})
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH, recovering=True)
+    with pytest.raises(BackendUnavailable):
+        await hub.resume(conn, CH, Position(0, "e1"))
+    hub.deliver(publication(CH, 2))
+    await tick()
+    assert raw.offsets() == []  # still held: the node unsubscribes it and closes
+
+
+async def test_held_publications_over_the_buffer_are_dropped_and_read_again() -> None:
+    """A resume that holds more live publications than the buffer allows drops the ones
+    kept in the history and reads them from there again: nothing lost, nothing twice."""
+    backend = ScriptedBackend(streams={CH: stream(1)})
+    backend.gate["history"] = asyncio.Event()
+    hub = make_hub(backend, max_buffer_bytes=4096)
+    conn, raw = recording_connection("1.1", Delivery(1 << 20))
+    await hub.subscribe(conn, CH, recovering=True)
+    resume = asyncio.create_task(hub.resume(conn, CH, Position(0, "e1")))
+    await tick()
+    live = stream(*range(2, 80))
+    backend.append(CH, *live)
+    for item in live:
+        hub.deliver(item)
+    backend.gate["history"].set()
+    assert await resume == Resumed(True, Position(79, "e1"))
+    await tick()
+    assert raw.offsets() == list(range(1, 80))
+    assert len([call for call in backend.calls if call[0] == "history"]) >= 2
+
+
+async def test_a_gap_is_filled_from_the_history_before_the_publication_that_revealed_it() -> None:
+    backend = ScriptedBackend(streams={CH: stream(1, 2, 3, 4)})
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH)
+    hub.deliver(publication(CH, 1))
+    hub.deliver(publication(CH, 4))  # 2 and 3 were missed
+    hub.deliver(publication(CH, 3))  # arrives while the gap is filled: held, then a copy
+    await hub.drain_fills()
+    hub.deliver(publication(CH, 5))
+    await tick()
+    assert raw.offsets() == [1, 2, 3, 4, 5]
+    assert ("history", CH, Position(1, "e1"), None) in backend.calls
+
+
+async def test_a_gap_the_history_no_longer_has_is_accepted_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend = ScriptedBackend(streams={CH: stream(3, 4, 5)}, trimmed={CH: 2})
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH)
+    hub.deliver(publication(CH, 1))
+    with caplog.at_level(logging.WARNING, logger="broadcaster.hub"):
+        hub.deliver(publication(CH, 4))  # 2 and 3 missed, 2 no longer in the history
+        await hub.drain_fills()
+    hub.deliver(publication(CH, 5))  # the stream goes on from 4
+    await tick()
+    assert raw.offsets() == [1, 4, 5]
+    assert "no longer has" in caplog.text
+    assert len([call for call in backend.calls if call[0] == "history"]) == 1
+
+
+async def test_the_start_of_a_new_epoch_is_filled() -> None:
+    """The channel's history was lost and started again: what the new epoch published
+    before this node noticed is read from its start."""
+    backend = ScriptedBackend(streams={CH: stream(1, 2, 3, epoch="e2")})
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH)
+    hub.deliver(publication(CH, 7, epoch="e1"))
+    hub.deliver(publication(CH, 3, epoch="e2"))
+    await hub.drain_fills()
+    await tick()
+    assert raw.offsets() == [7, 1, 2, 3]
+    assert ("history", CH, Position(0, "e2"), None) in backend.calls
+
+
+async def test_check_gaps_fills_what_was_missed_at_the_end_of_a_stream() -> None:
+    backend = ScriptedBackend(streams={CH: stream(1, 2, 3)})
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH)
+    hub.deliver(publication(CH, 1))
+    hub.check_gaps()  # the backend reconnected: 2 and 3 were published meanwhile
+    await hub.drain_fills()
+    await tick()
+    assert raw.offsets() == [1, 2, 3]
+
+
+async def test_leaving_then_rejoining_during_the_backend_unsubscribe_ends_subscribed() -> None:
+    """A quick leave-and-rejoin waits for the backend's unsubscribe before subscribing
+    again, so the backend cannot end up unsubscribed while a client is there."""
+    backend = ScriptedBackend()
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH)
+    backend.gate["unsubscribe"] = asyncio.Event()
+    leaving = asyncio.create_task(hub.unsubscribe(conn, CH))
+    await tick()
+    rejoin = asyncio.create_task(hub.subscribe(conn, CH))
+    await tick()
+    assert backend.calls == [("subscribe", CH), ("unsubscribe", CH)]  # waits for it
+    backend.gate["unsubscribe"].set()
+    assert await leaving
+    await rejoin
+    assert backend.calls == [("subscribe", CH), ("unsubscribe", CH), ("subscribe", CH)]
+    hub.deliver(publication(CH, 1))
+    await tick()
+    assert raw.offsets() == [1]
+    assert hub.subscriber_count(APP_ID, CH) == 1
+
+
+async def test_leaving_before_the_backend_subscription_is_made_unsubscribes_after_it() -> None:
+    backend = ScriptedBackend()
+    backend.gate["subscribe"] = asyncio.Event()
+    hub = make_hub(backend)
+    first, _ = recording_connection("1.1")
+    second, _ = recording_connection("1.2")
+    joining = asyncio.create_task(hub.subscribe(first, CH))
+    joining_too = asyncio.create_task(hub.subscribe(second, CH))
+    await tick()
+    assert await hub.unsubscribe(first, CH)
+    assert await hub.unsubscribe(second, CH)
+    backend.gate["subscribe"].set()
+    # Both callers learn that the subscription did not stay (they had left anyway).
+    outcomes = await asyncio.gather(joining, joining_too, return_exceptions=True)
+    assert all(isinstance(outcome, BackendUnavailable) for outcome in outcomes)
+    await tick()
+    assert backend.calls == [("subscribe", CH), ("unsubscribe", CH)]
+    assert hub.channels() == 0
+
+
+async def test_a_failed_backend_subscription_is_raised_and_forgotten() -> None:
+    backend = ScriptedBackend(fail={"subscribe"})
+    hub = make_hub(backend)
+    conn, _ = recording_connection("1.1")
+    with pytest.raises(BackendUnavailable):
+        await hub.subscribe(conn, CH)
+    assert hub.channels() == 0
+    backend.fail.clear()
+    await hub.subscribe(conn, CH)  # a retry subscribes afresh
+    assert hub.subscriber_count(APP_ID, CH) == 1

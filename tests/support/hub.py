@@ -1,0 +1,125 @@
+"""A scripted backend and recording connections for unit tests of the hub: no server,
+no Redis, every step under the test's control."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from broadcaster.backends.base import BackendUnavailable, HistoryResult
+from broadcaster.connection import Connection, Delivery
+from broadcaster.publication import Position, Publication
+from broadcaster.settings import AppConfig
+
+APP = AppConfig(id="1", key="key", secret="secret")
+
+
+def publication(channel: str, offset: int, epoch: str = "e1", **fields: Any) -> Publication:
+    """A publication of ``channel`` at ``offset`` (its data says which one it is)."""
+    data = json.dumps({"n": offset, "epoch": epoch})
+    return Publication(APP.id, channel, "step", data, position=Position(offset, epoch), **fields)
+
+
+@dataclass
+class ScriptedBackend:
+    """Only what the hub uses (subscribe, unsubscribe, history), scripted per test.
+
+    ``streams`` holds each channel's history (oldest first, one epoch); ``trimmed``
+    the offset below which it was trimmed away. ``gate`` makes the named operation
+    (``"subscribe"``, ``"unsubscribe"``, ``"history"``) wait until the test sets it;
+    ``calls`` records every call in order.
+    """
+
+    streams: dict[str, list[Publication]] = field(default_factory=dict)
+    trimmed: dict[str, int] = field(default_factory=dict)
+    gate: dict[str, asyncio.Event] = field(default_factory=dict)
+    fail: set[str] = field(default_factory=set)
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+
+    def append(self, channel: str, *publications: Publication) -> None:
+        self.streams.setdefault(channel, []).extend(publications)
+
+    async def _step(self, name: str) -> None:
+        gate = self.gate.get(name)
+        if gate is not None:
+            await gate.wait()
+        if name in self.fail:
+            raise BackendUnavailable(f"{name} failed (scripted)")
+
+    async def subscribe(self, app_id: str, channel: str) -> None:
+        self.calls.append(("subscribe", channel))
+        await self._step("subscribe")
+
+    async def unsubscribe(self, app_id: str, channel: str) -> None:
+        self.calls.append(("unsubscribe", channel))
+        await self._step("unsubscribe")
+
+    async def history(
+        self, app_id: str, channel: str, since: Position, limit: int | None = None
+    ) -> HistoryResult:
+        self.calls.append(("history", channel, since, limit))
+        await self._step("history")
+        stream = self.streams.get(channel, [])
+        latest = stream[-1].position if stream else None
+        if latest is None:
+            return HistoryResult((), since.offset == 0, None)
+        if since.epoch != latest.epoch or since.offset < self.trimmed.get(channel, 0):
+            return HistoryResult((), False, latest)
+        newer = [p for p in stream if p.position is not None and p.position.offset > since.offset]
+        return HistoryResult(tuple(newer[:limit] if limit else newer), True, latest)
+
+
+class RecordingSocket:
+    """A :class:`~broadcaster.transport.RawSocket` that keeps what is written to it."""
+
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self.backlog = 0  # bytes the "kernel" has not taken yet
+        self.closed_with: int | None = None
+
+    @property
+    def closing(self) -> bool:
+        return self.closed_with is not None
+
+    def write(self, data: bytes) -> None:
+        if not self.closing:
+            self.written += data
+
+    def buffered(self) -> int:
+        return self.backlog
+
+    def close_now(self, code: int, reason: str, abort_after: float) -> None:
+        self.closed_with = code
+
+    def messages(self) -> list[dict[str, Any]]:
+        """Every text frame written, decoded (server frames are unmasked)."""
+        out, data, i = [], bytes(self.written), 0
+        while i < len(data):
+            length, i = data[i + 1] & 0x7F, i + 2
+            if length == 126:
+                length, i = int.from_bytes(data[i : i + 2], "big"), i + 2
+            elif length == 127:
+                length, i = int.from_bytes(data[i : i + 8], "big"), i + 8
+            out.append(json.loads(data[i : i + length]))
+            i += length
+        return out
+
+    def offsets(self) -> list[int]:
+        """The ``n`` of every channel event received (see :func:`publication`)."""
+        return [json.loads(m["data"])["n"] for m in self.messages() if m["event"] == "step"]
+
+
+def recording_connection(
+    socket_id: str, delivery: Delivery | None = None
+) -> tuple[Connection, RecordingSocket]:
+    """A real fast-path connection whose frames are recorded."""
+    raw = RecordingSocket()
+    return Connection.fast(socket_id, APP, delivery or Delivery(1 << 20), raw), raw
+
+
+async def tick() -> None:
+    """Let the event loop run what is ready (the per-tick flush, started tasks)."""
+    for _ in range(3):
+        await asyncio.sleep(0)
