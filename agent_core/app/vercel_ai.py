@@ -8,8 +8,16 @@ may be added with the transport's ``body`` option), starts the run like ``POST /
 and answers with its envelopes translated (:class:`UIMessageStreamMapper`), read from
 ``agent.<session>`` like ``POST /ag-ui``: one source of truth, the same run visible over
 WebSocket. ``GET /vercel-ai/{session}/stream`` (the transport's ``reconnectToStream``
-URL) follows the session instead: the next run published on it, whoever runs it (an
-``agent_core`` run, or a framework adapter's), from its ``in_progress`` status on.
+URL, called by ``useChat``'s ``resumeStream()``) resumes the session's run, whoever runs
+it (an ``agent_core`` run, or a framework adapter's), with no gap:
+
+- a run in progress (the last ``agent.status`` in the channel history is
+  ``in_progress``, :func:`active_run`) is replayed from that status out of the history
+  and continues live (the hub's seam: no gap, no duplicate);
+- ``?since=<position>`` / ``Last-Event-ID``: the parts of what comes after it;
+- no run in progress: 204, which ``reconnectToStream`` reads as "no active stream";
+- the run's start (or ``since``) no longer in the history: ``start``, ``error``,
+  ``finish``, so the client reloads the state instead of keeping a partial message.
 
 Protocol (checked against ``ai`` 7's ``uiMessageChunkSchema`` and
 ``UI_MESSAGE_STREAM_HEADERS``): ``data: <chunk JSON>\\n\\n`` per chunk, ``data: [DONE]``
