@@ -8,8 +8,16 @@ may be added with the transport's ``body`` option), starts the run like ``POST /
 and answers with its envelopes translated (:class:`UIMessageStreamMapper`), read from
 ``agent.<session>`` like ``POST /ag-ui``: one source of truth, the same run visible over
 WebSocket. ``GET /vercel-ai/{session}/stream`` (the transport's ``reconnectToStream``
-URL) follows the session instead: the next run published on it, whoever runs it (an
-``agent_core`` run, or a framework adapter's), from its ``in_progress`` status on.
+URL, called by ``useChat``'s ``resumeStream()``) resumes the session's run, whoever runs
+it (an ``agent_core`` run, or a framework adapter's), with no gap:
+
+- a run in progress (the last ``agent.status`` in the channel history is
+  ``in_progress``, :func:`active_run`) is replayed from that status out of the history
+  and continues live (the hub's seam: no gap, no duplicate);
+- ``?since=<position>`` / ``Last-Event-ID``: the parts of what comes after it;
+- no run in progress: 204, which ``reconnectToStream`` reads as "no active stream";
+- the run's start (or ``since``) no longer in the history: ``start``, ``error``,
+  ``finish``, so the client reloads the state instead of keeping a partial message.
 
 Protocol (checked against ``ai`` 7's ``uiMessageChunkSchema`` and
 ``UI_MESSAGE_STREAM_HEADERS``): ``data: <chunk JSON>\\n\\n`` per chunk, ``data: [DONE]``
@@ -44,9 +52,11 @@ Errors before the stream starts are JSON ``{"error": ...}`` with the statuses of
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, assert_never
 
 import orjson
@@ -59,7 +69,7 @@ from starlette.types import Receive, Scope, Send
 
 from agent_core.app.runs import RunHandle, RunRefused, RunRequest, SessionBusy
 from broadcaster import envelope as env
-from broadcaster.backends.base import BackendUnavailable
+from broadcaster.backends.base import Backend, BackendUnavailable
 from broadcaster.http_input import BodyRefused, describe_validation, read_body, validation_details
 from broadcaster.node import Node
 from broadcaster.publication import Position
@@ -79,8 +89,10 @@ __all__ = [
     "DONE",
     "HEADERS",
     "VERCEL_AI_PATH",
+    "ActiveRun",
     "ChatRequest",
     "UIMessageStreamMapper",
+    "active_run",
     "encode_chunk",
     "routes",
 ]
@@ -102,6 +114,7 @@ _FINISH_REASONS = {
     "content_filter": "content-filter",
     "error": "error",
 }
+_SCAN_PAGE = 100  # publications per history read when looking for the active run
 Chunk = dict[str, Any]
 
 
@@ -386,12 +399,88 @@ async def _chat(host: Host, request: Request) -> Response:
 async def _follow(host: Host, request: Request) -> Response:
     session_id = request.path_params["session_id"]
     try:
+        since = _since(request)
         channel = await session_channel(host.node, host.app, request, session_id)
+        if since is not None:
+            return _stream(host, session_id, channel, since, None, mid_run=True)
+        settings = host.node.settings
+        async with asyncio.timeout(settings.history_read_timeout):
+            run = await active_run(host.node.backend, host.app.id, channel, settings.history_size)
     except SessionRefused as exc:
         return _error(exc.status, str(exc))
     except BackendUnavailable as exc:
         return _error(503, str(exc))
-    return _stream(host, session_id, channel, None, None)
+    except TimeoutError:
+        return _error(503, f"the history of {channel!r} could not be read in time")
+    if run is None:
+        return Response(status_code=204)  # DefaultChatTransport: "no active stream"
+    if run.start is None:
+        return _lost_start(host, session_id, channel, run.execution_id)
+    return _stream(host, session_id, channel, run.start, run.execution_id)
+
+
+def _since(request: Request) -> Position | None:
+    text = request.headers.get("last-event-id") or request.query_params.get("since")
+    if not text:
+        return None
+    try:
+        return Position.parse(text.strip())
+    except ValueError as exc:
+        raise SessionRefused(400, f"Last-Event-ID / since: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveRun:
+    """The run a session is running: its execution id and the position just before its
+    ``in_progress`` status (None when the history no longer reaches back to it)."""
+
+    execution_id: str
+    start: Position | None
+
+
+async def active_run(backend: Backend, app_id: str, channel: str, reach: int) -> ActiveRun | None:
+    """The run in progress on ``channel``, read from its history backwards page by page
+    (at most ``reach`` publications): the last ``agent.status`` decides. None when it is
+    final, or when the channel has no agent envelopes at all.
+
+    Raises:
+        BackendUnavailable: the history cannot be read now.
+    """
+    latest = await backend.latest(app_id, channel)
+    if latest is None:
+        return None
+    top, lowest, newest = latest.offset, max(0, latest.offset - reach), None
+    while top > lowest:
+        low = max(lowest, top - _SCAN_PAGE)
+        page = await backend.history(app_id, channel, Position(low, latest.epoch), top - low)
+        if not page.recovered:
+            break
+        for publication in reversed(page.publications):
+            envelope = _parse(publication.event, publication.data)
+            if envelope is None:
+                continue
+            newest = newest or envelope.execution_id
+            if not isinstance(envelope, env.AgentStatus) or envelope.payload.status == "pending":
+                continue
+            if envelope.payload.status in _FINAL:
+                return None
+            at = publication.position or latest
+            return ActiveRun(envelope.execution_id, Position(at.offset - 1, at.epoch))
+        top = low
+    return None if newest is None else ActiveRun(newest, None)
+
+
+def _lost_start(host: Host, session_id: str, channel: str, execution_id: str) -> Response:
+    """A run whose start is no longer in the history: ``start``, ``error``, ``finish``,
+    so that the client reloads the state instead of showing a partial message."""
+    info = {"session_id": session_id, "channel": channel, "execution_id": execution_id}
+    mapper = UIMessageStreamMapper(execution_id, info)
+    message = (
+        "the run's start is no longer in the channel history: reload the session's state "
+        "(its stored snapshot) instead of this stream"
+    )
+    return Response(_encode(mapper.error(message)) + DONE, 200, _headers(host, session_id),
+                    "text/event-stream")  # fmt: skip
 
 
 async def _refused(host: Host, request: Request, session_id: str) -> Response | None:
@@ -409,12 +498,25 @@ async def _refused(host: Host, request: Request, session_id: str) -> Response | 
     )
 
 
-def _stream(
-    host: Host, session_id: str, channel: str, since: Position | None, execution_id: str | None
-) -> Response:
+def _headers(host: Host, session_id: str) -> dict[str, str]:
     headers = dict(HEADERS)
     if host.settings.private_sessions:
         headers["X-Session-Token"] = session_token(host.app, session_id)
+    return headers
+
+
+def _stream(
+    host: Host,
+    session_id: str,
+    channel: str,
+    since: Position | None,
+    execution_id: str | None,
+    *,
+    mid_run: bool = False,
+) -> Response:
+    """The run from ``since`` on: ``execution_id``'s, or (None) the first run whose
+    ``in_progress`` comes, or with ``mid_run`` the run of the first envelope that comes."""
+    headers = _headers(host, session_id)
     feed = ChannelFeed(host.node, host.app, channel, since)
 
     async def snapshot(key: str) -> Any:
@@ -422,7 +524,8 @@ def _stream(
         return None if stored is None else orjson.loads(stored)
 
     info = {"session_id": session_id, "channel": channel}
-    body = _chunks(feed, info, execution_id, snapshot, host.node.settings.sse_heartbeat)
+    heartbeat = host.node.settings.sse_heartbeat
+    body = _chunks(feed, info, execution_id, snapshot, heartbeat, mid_run)
     return _FeedResponse(feed, body, headers)
 
 
@@ -458,6 +561,7 @@ async def _chunks(
     execution_id: str | None,
     snapshot: SnapshotLoader,
     heartbeat: float,
+    mid_run: bool = False,
 ) -> AsyncIterator[bytes]:
     mapper: UIMessageStreamMapper | None = None
     if execution_id is not None:
@@ -481,7 +585,7 @@ async def _chunks(
             if envelope is None:
                 continue
             if mapper is None:
-                if not _run_start(envelope):
+                if not (mid_run or _run_start(envelope)):
                     continue  # following: wait for the next run's start
                 run = envelope.execution_id
                 mapper = UIMessageStreamMapper(run, {**info, "execution_id": run})
@@ -496,12 +600,16 @@ def _run_start(envelope: env.Envelope) -> bool:
 
 
 def _envelope(item: FeedItem) -> env.Envelope | None:
-    if not item.event.startswith("agent."):
+    return _parse(item.event, item.data)
+
+
+def _parse(event: str, data: str) -> env.Envelope | None:
+    if not event.startswith("agent."):
         return None
     try:
-        return env.parse_envelope(item.data)
+        return env.parse_envelope(data)
     except ValueError as exc:  # not ours: published on the channel by someone else
-        logger.warning("skipping %s: not an envelope: %s", item.event, exc)
+        logger.warning("skipping %s: not an envelope: %s", event, exc)
         return None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -14,7 +15,8 @@ from agent_core.app.vercel_ai import UIMessageStreamMapper, encode_chunk
 from broadcaster import envelope as env
 from broadcaster.publishers import BackendStateStore, PusherHTTPPublisher, RecordingPublisher
 from tests.integrations.runs import ANSWER, RUNS
-from tests.support.live import APP_ID, KEY, SECRET, StartServer
+from tests.support.live import APP_ID, KEY, SECRET, Client, StartServer
+from tests.wire.test_runs import start_run, subscribe
 
 
 def ids() -> dict[str, str]:
@@ -100,7 +102,7 @@ async def test_bad_chat_requests_get_clear_errors(start_server: StartServer) -> 
     assert bad_session.status_code == 400
 
 
-async def test_following_a_session_streams_the_next_framework_run_on_it(
+async def test_reconnecting_to_a_framework_run_replays_it_from_its_start(
     start_server: StartServer,
 ) -> None:
     live = await start_server(demo=True)
@@ -108,30 +110,41 @@ async def test_following_a_session_streams_the_next_framework_run_on_it(
     publisher = PusherHTTPPublisher(live.url, APP_ID, KEY, SECRET)
     store = BackendStateStore(live.node.backend, APP_ID)
     recording = RecordingPublisher()
+    started, gate = asyncio.Event(), asyncio.Event()
 
-    class Both:
+    class Held:
+        """Publishes like the adapter, but holds the run after its first envelope."""
+
         stats = publisher.stats
 
         async def broadcast(self, channel: str, envelope: Any) -> None:
             await recording.broadcast(channel, envelope)
             await publisher.broadcast(channel, envelope)
+            if not started.is_set():
+                await publisher.flush()
+                started.set()
+                await gate.wait()
 
         async def aclose(self) -> None:
             await publisher.aclose()
 
-    async with (
-        httpx.AsyncClient(base_url=live.url, timeout=20) as http,
-        http.stream("GET", f"/vercel-ai/{session}/stream") as response,
-    ):
-        # The answer starts once the feed is subscribed: the run cannot be missed.
-        assert response.headers["x-vercel-ai-ui-message-stream"] == "v1"
-        run = asyncio.create_task(RUNS["langgraph"](Both(), session, state_store=store))
-        body = b"".join([part async for part in response.aiter_bytes()])
+    async with httpx.AsyncClient(base_url=live.url, timeout=20) as http:
+        # No run on the session yet: nothing to resume (DefaultChatTransport: null).
+        idle = await http.get(f"/vercel-ai/{session}/stream")
+        assert (idle.status_code, idle.content) == (204, b"")
+        run = asyncio.create_task(RUNS["langgraph"](Held(), session, state_store=store))
+        await asyncio.wait_for(started.wait(), 10)
+        async with http.stream("GET", f"/vercel-ai/{session}/stream") as response:
+            assert response.status_code == 200
+            assert response.headers["x-vercel-ai-ui-message-stream"] == "v1"
+            gate.set()
+            body = b"".join([part async for part in response.aiter_bytes()])
         await run
+        # The run is over: nothing to resume any more.
+        after = await http.get(f"/vercel-ai/{session}/stream")
+        assert after.status_code == 204
     await publisher.aclose()
-    events = [line[6:] for line in body.decode().split("\n\n") if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    chunks = [orjson.loads(e) for e in events[:-1]]
+    chunks = data_chunks(body)
     execution = recording.envelopes()[0].execution_id
     assert chunks[0]["messageId"] == execution
     text = "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
@@ -141,4 +154,96 @@ async def test_following_a_session_streams_the_next_framework_run_on_it(
     assert [c["type"] for c in chunks].count("start-step") == 3
     state = next(c["data"] for c in chunks if c["type"] == "data-state")
     assert state["metadata"]["framework"] == "langgraph"
+    expected = translate(execution, chunks[0]["messageMetadata"], recording.envelopes(), state)
+    assert chunks == expected
     assert chunks[-1] == {"type": "finish", "finishReason": "stop"}
+
+
+def data_chunks(body: bytes) -> list[dict[str, Any]]:
+    """The chunks of a UI message stream body (which must end with [DONE])."""
+    events = [line[6:] for line in body.decode().split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [orjson.loads(e) for e in events[:-1]]
+
+
+def translate(
+    execution: str, metadata: dict[str, Any], envelopes: list[Any], state: Any = None
+) -> list[dict[str, Any]]:
+    mapper = UIMessageStreamMapper(execution, metadata)
+    chunks: list[dict[str, Any]] = []
+    for envelope in envelopes:
+        if isinstance(envelope, dict):
+            envelope = env.parse_envelope(orjson.dumps(envelope).decode())
+        chunks += mapper.feed(envelope, state)
+    return chunks
+
+
+async def read_positioned(client: Client, count: int | None = None) -> list[tuple[str, Any]]:
+    """(position, envelope) of the channel until the final status (or ``count`` of them)."""
+    out: list[tuple[str, Any]] = []
+    while count is None or len(out) < count:
+        message = await client.recv(within=10)
+        if not message["event"].startswith("agent."):
+            continue
+        out.append((message["position"], message["data"]))
+        payload = message["data"]["payload"]
+        if message["event"] == "agent.status" and payload["status"] in ("completed", "failed"):
+            break
+    return out
+
+
+async def read_stream(http: httpx.AsyncClient, url: str, **kw: Any) -> list[dict[str, Any]]:
+    async with http.stream("GET", url, **kw) as response:
+        assert response.status_code == 200, await response.aread()
+        return data_chunks(b"".join([part async for part in response.aiter_bytes()]))
+
+
+async def test_reconnecting_mid_run_replays_the_whole_run_and_since_starts_after_it(
+    start_server: StartServer, clients: Callable[..., Awaitable[Client]]
+) -> None:
+    live = await start_server(demo=True)
+    run = await start_run(live.url, pace_ms=40, trace=True)
+    watcher = await clients(live.app_url())
+    await subscribe(watcher, run["channel"], run["position"])
+    first = await read_positioned(watcher, 6)
+    assert not any(e["type"] == "agent.status" and e["payload"]["status"] != "in_progress"
+                   for _, e in first), "the run must still be going"  # fmt: skip
+    url = f"/vercel-ai/{run['session_id']}/stream"
+    async with httpx.AsyncClient(base_url=live.url, timeout=20) as http:
+        whole, after, by_header = await asyncio.gather(
+            read_stream(http, url),
+            read_stream(http, f"{url}?since={first[3][0]}"),
+            read_stream(http, url, headers={"Last-Event-ID": first[4][0]}),
+        )
+        rest = await read_positioned(watcher)
+        assert (await http.get(url)).status_code == 204
+        bad = await http.get(f"{url}?since=nope")
+        assert bad.status_code == 400
+        assert "since" in bad.json()["error"]
+    envelopes = [e for _, e in first + rest]
+    execution = envelopes[0]["execution_id"]
+    assert whole[0]["messageId"] == execution
+    state = next(c["data"] for c in whole if c["type"] == "data-state")
+    metadata = whole[0]["messageMetadata"]
+    # Nothing missing at the start, nothing twice at the seam of history and live.
+    assert whole == translate(execution, metadata, envelopes, state)
+    assert whole[-1] == {"type": "finish", "finishReason": "stop"}
+    # since=: exactly the publications after that position.
+    assert after == translate(execution, metadata, envelopes[4:], state)
+    assert by_header == translate(execution, metadata, envelopes[5:], state)
+
+
+async def test_a_run_whose_start_left_the_history_ends_with_an_error_not_a_partial_message(
+    start_server: StartServer, clients: Callable[..., Awaitable[Client]]
+) -> None:
+    live = await start_server(demo=True, history_size=3)
+    run = await start_run(live.url, pace_ms=40, trace=True)
+    watcher = await clients(live.app_url())
+    await subscribe(watcher, run["channel"], None)
+    seen = await read_positioned(watcher, 5)  # more than the history keeps
+    async with httpx.AsyncClient(base_url=live.url, timeout=20) as http:
+        chunks = await read_stream(http, f"/vercel-ai/{run['session_id']}/stream")
+    assert [c["type"] for c in chunks] == ["start", "error", "finish"]
+    assert chunks[0]["messageId"] == seen[-1][1]["execution_id"]
+    assert "no longer in the channel history" in chunks[1]["errorText"]
+    assert chunks[2] == {"type": "finish", "finishReason": "error"}

@@ -16,7 +16,7 @@ from agent_core.app.vercel_ai import UIMessageStreamMapper
 from broadcaster.envelope import parse_envelope
 from tests.support.live import Client, StartServer
 from tests.support.processes import IN_CI, REPO, require_binary
-from tests.wire.test_runs import subscribe
+from tests.wire.test_runs import start_run, subscribe
 
 pytestmark = pytest.mark.node
 
@@ -113,3 +113,43 @@ async def test_the_ai_packages_reader_accepts_the_stream_and_it_is_the_websocket
     assert (state["status"], state["step_count"]) == ("completed", final["step_count"])
     assert result["message"]["id"] == execution
     assert result["message"]["role"] == "assistant"
+
+
+async def test_the_transports_reconnect_replays_a_run_mid_way_and_is_null_after_it(
+    start_server: StartServer, clients: Connect
+) -> None:
+    live = await start_server(demo=True)
+    run = await start_run(live.url, pace_ms=40, trace=True)
+    watcher = await clients(live.app_url())
+    await subscribe(watcher, run["channel"], run["position"])
+    first: list[dict[str, Any]] = []
+    while len(first) < 5:
+        message = await watcher.recv(within=10)
+        if message["event"].startswith("agent."):
+            first.append(message)
+    assert not any(m["event"] == "agent.status" and m["data"]["payload"]["status"] != "in_progress"
+                   for m in first), "the run must still be going"  # fmt: skip
+    # DefaultChatTransport.reconnectToStream (useChat's resumeStream) after a page reload.
+    result = await run_node_client("reconnect", f"{live.url}/vercel-ai", run["session_id"])
+    envelopes = [m["data"] for m in first] + await read_envelopes(watcher)
+
+    assert result["none"] is False
+    chunks = result["chunks"]
+    execution = envelopes[0]["execution_id"]
+    assert chunks[0]["type"] == "start"
+    assert chunks[0]["messageId"] == execution
+    state = next(c["data"] for c in chunks if c["type"] == "data-state")
+    mapper = UIMessageStreamMapper(execution, chunks[0]["messageMetadata"])
+    expected: list[dict[str, Any]] = []
+    for envelope in envelopes:
+        expected += mapper.feed(parse_envelope(json.dumps(envelope)), state)
+    assert chunks == expected  # from the run's very start: nothing missing, nothing twice
+    parts = result["message"]["parts"]
+    text = "".join(p["text"] for p in parts if p["type"] == "text")
+    assert text == "".join(e["payload"]["chunk"] for e in envelopes
+                           if e["type"] == "agent.stream.chunk")  # fmt: skip
+    assert result["message"]["id"] == execution
+
+    # The run is over: the transport reads "no active stream" (null).
+    after = await run_node_client("reconnect", f"{live.url}/vercel-ai", run["session_id"])
+    assert after == {"ok": True, "none": True}

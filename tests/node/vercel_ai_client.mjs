@@ -5,7 +5,15 @@
 //
 // Usage: node vercel_ai_client.mjs post <url> <chatId> <user text> [pace_ms]
 //        node vercel_ai_client.mjs get <url of <path>/<chatId>/stream>
-import { parseJsonEventStream, readUIMessageStream, uiMessageChunkSchema } from "ai";
+//        node vercel_ai_client.mjs reconnect <api url (<path>)> <chatId>
+//          (DefaultChatTransport.reconnectToStream, what useChat's resumeStream() calls:
+//          prints {ok, none: true} when it answers null, "no active stream")
+import {
+  DefaultChatTransport,
+  parseJsonEventStream,
+  readUIMessageStream,
+  uiMessageChunkSchema,
+} from "ai";
 
 const [mode, url, chatId, text, paceMs = "0"] = process.argv.slice(2);
 const report = (fields) => process.stdout.write(JSON.stringify(fields) + "\n");
@@ -26,7 +34,34 @@ async function request() {
   });
 }
 
+async function reconnect() {
+  const transport = new DefaultChatTransport({ api: url });
+  const stream = await transport.reconnectToStream({ chatId });
+  if (stream === null) return report({ ok: true, none: true });
+  const chunks = [];
+  const [forChunks, forMessage] = stream.tee();
+  for await (const chunk of forChunks) chunks.push(chunk);
+  let message = null;
+  const errors = [];
+  for await (const built of readUIMessageStream({
+    stream: forMessage,
+    terminateOnError: true,
+    onError: (error) => errors.push(String(error?.message ?? error)),
+  })) {
+    message = built;
+  }
+  report({ ok: errors.length === 0, none: false, chunks, errors, message });
+}
+
 try {
+  if (mode === "reconnect") await reconnect();
+  else await readResponse();
+} catch (error) {
+  report({ ok: false, error: String(error?.stack ?? error) });
+  process.exitCode = 1;
+}
+
+async function readResponse() {
   const response = await request();
   const headers = Object.fromEntries(response.headers.entries());
   if (!response.ok) throw new Error(`HTTP ${response.status}: ${await response.text()}`);
@@ -57,7 +92,4 @@ try {
   const raw = await rawText;
   report({ ok: invalid.length === 0 && errors.length === 0, headers, chunks, invalid, errors, message,
            endsWithDone: raw.trimEnd().endsWith("data: [DONE]") });
-} catch (error) {
-  report({ ok: false, error: String(error?.stack ?? error) });
-  process.exitCode = 1;
 }
