@@ -34,4 +34,10 @@ def create_backend(url: str, **options: object) -> Backend:
         from broadcaster.backends.redis import RedisBackend
 
         return RedisBackend(url, **options)  # type: ignore[arg-type]
-    raise ValueError(f"unsupported backend URL {url!r}: use memory:// or redis://host:port/db")
+    if scheme in ("redis-cluster", "rediss-cluster"):
+        from broadcaster.backends.redis_cluster import RedisClusterBackend
+
+        return RedisClusterBackend(url, **options)
+    raise ValueError(
+        f"unsupported backend URL {url!r}: use memory://, redis://host:port/db or redis-cluster://host:port,host:port/"
+    )

@@ -33,7 +33,7 @@ class BackendFactory:
     async def node(self, **options: Any) -> Node:
         """A started node; ``options`` go to the backend's constructor."""
         options.setdefault("apps", (APP, OTHER_APP))
-        if self.kind == "redis":
+        if self.kind != "memory":
             options.setdefault("prefix", self.prefix)
         node = Node(create_backend(self.url, **options))
         await node.backend.start(node.on_publication, node.on_control)
@@ -45,15 +45,24 @@ class BackendFactory:
             await node.backend.stop()
 
 
+_TOPOLOGY = {"redis": "redis_server", "redis-cluster": "redis_cluster"}
+
+
 def _url(kind: str, request: pytest.FixtureRequest) -> str:
     if kind == "memory":
         return "memory://"
-    server = request.getfixturevalue("redis_server")
+    server = request.getfixturevalue(_TOPOLOGY[kind])
     url: str = server.url
     return url
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("redis-cluster", marks=pytest.mark.redis),
+    ]
+)
 async def backend_factory(request: pytest.FixtureRequest) -> AsyncIterator[BackendFactory]:
     factory = BackendFactory(request.param, _url(request.param, request))
     yield factory
