@@ -86,6 +86,7 @@ class ClusterTopology:
         for _ in range(6):
             extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
             extra += ["--cluster-node-timeout", str(self.node_timeout_ms)]
+            extra += ["--cluster-replica-validity-factor", "0"]
             self.nodes.append(ConfiguredRedis(extra, port=cluster_port()).start())
         cli = require_binary("redis-cli")
         addresses = [f"127.0.0.1:{n.port}" for n in self.nodes]
@@ -105,12 +106,42 @@ class ClusterTopology:
             info = command(node.port, "cluster", "info")
             if "cluster_state:ok" not in info or "cluster_slots_ok:16384" not in info:
                 return False
+            replication = command(node.port, "info", "replication")
+            if "role:slave" in replication and "master_link_status:up" not in replication:
+                return False
         return True
 
     def primaries(self) -> list[ConfiguredRedis]:
         """The nodes that are primaries now."""
         alive = [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
         return [n for n in alive if "role:master" in command(n.port, "info", "replication")]
+
+    def owner(self, slot: int) -> ConfiguredRedis:
+        """The primary serving ``slot`` now."""
+        for node in self.primaries():
+            for line in command(node.port, "cluster", "nodes").splitlines():
+                fields = line.split()
+                if "myself" not in fields[2]:
+                    continue
+                for part in fields[8:]:
+                    low, _, high = part.partition("-")
+                    if low.isdigit() and int(low) <= slot <= int(high or low):
+                        return node
+        raise LookupError(f"no primary serves slot {slot}")
+
+    def move_slot(self, slot: int, target: ConfiguredRedis) -> None:
+        """Migrate ``slot`` (and its keys) to the primary ``target``, as
+        ``redis-cli --cluster reshard`` does."""
+        source = self.owner(slot)
+        src_id = command(source.port, "cluster", "myid").strip()
+        dst_id = command(target.port, "cluster", "myid").strip()
+        command(target.port, "cluster", "setslot", str(slot), "importing", src_id)
+        command(source.port, "cluster", "setslot", str(slot), "migrating", dst_id)
+        while keys := command(source.port, "cluster", "getkeysinslot", str(slot), "100").split():
+            port = str(target.port)
+            command(source.port, "migrate", "127.0.0.1", port, "", "0", "5000", "keys", *keys)
+        for node in (target, source, *self.primaries()):
+            command(node.port, "cluster", "setslot", str(slot), "node", dst_id)
 
     def wait_ok(self, timeout: float = 30) -> None:
         _wait(self._converged, timeout, "the Redis Cluster to be ok again")

@@ -466,7 +466,7 @@ class RedisClusterBackend(RedisBackend):
         for shard in list(self._shards.values()):
             await self._close_shard(shard)
         self._moved.clear()
-        await self.cluster.initialize()
+        await self._refresh()
         await self._client.ping()
         await self._subscribe_all([*self._control_names(), *self._channels])
         await self._restore()
@@ -533,11 +533,22 @@ class RedisClusterBackend(RedisBackend):
         if not wanted:
             return
         self._ready = False  # /ready reports the outage while a shard is away
-        await self.cluster.nodes_manager.initialize()
+        await self._refresh()
         await self._subscribe_all(sorted(wanted))
         await self._restore()
         self._ready = True
         self.reconnects += 1  # the hub fills what the moved channels missed
+
+    async def _refresh(self) -> None:
+        """Read the slot map again (after a failover or a slot move)."""
+        await self.cluster.initialize()  # the first time only
+        await self.cluster.nodes_manager.initialize()
+
+    async def _probe(self) -> None:
+        await super()._probe()
+        if not self._responsive:  # perhaps a failover: ask the cluster who serves now
+            with contextlib.suppress(*_ERRORS, RedisClusterException):
+                await self._prober.nodes_manager.initialize()  # type: ignore[attr-defined]
 
     async def _lost(self, exc: BaseException) -> None:
         self._ready = False
