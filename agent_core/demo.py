@@ -157,11 +157,11 @@ class _Demo:
             )
 
     def _queue(self) -> RunQueue:
-        from redis.asyncio import Redis
+        from broadcaster.backends.clients import redis_client
 
         settings, demo = self.node.settings, self.settings
         queue = RunQueue(
-            Redis.from_url(settings.backend, socket_connect_timeout=5, socket_timeout=5),
+            redis_client(settings.backend),
             self.app.id,
             self._position,
             prefix=settings.redis_prefix,

@@ -1,0 +1,33 @@
+"""The scaled-out shape on a Sentinel-managed Redis: web queues runs, agent-worker runs
+them, a fan-out node delivers them — all finding the primary through Sentinel."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import ServerFactory
+from tests.topologies import SentinelTopology
+from tests.wire.test_runs import read_run, start_run, subscribe
+from tests.wire.test_worker import Connect, WorkerProcess
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+PREFIX = "wire-worker-sentinel"
+
+
+async def test_a_queued_run_goes_through_sentinel_to_a_client_on_another_node(
+    server_factory: ServerFactory, redis_sentinel: SentinelTopology, clients: Connect
+) -> None:
+    worker = WorkerProcess(redis_sentinel.url, prefix=PREFIX).started()
+    try:
+        common = ("--backend", redis_sentinel.url, "--redis-prefix", PREFIX)
+        web = server_factory("--demo", *common, env={"AGENT_DEMO_RUN_MODE": "queue"})
+        edge = server_factory(*common)
+        client = await clients(f"{edge.ws_url}/app/agent-key?protocol=7")
+
+        run = await start_run(web.url, trace=True)
+        await subscribe(client, run["channel"], run["position"])
+        events = await read_run(client)
+    finally:
+        worker.stop()
+    assert [kind for _, kind, _ in events].count("agent.step.completed") == 3
+    assert events[-1][2]["status"] == "completed"
