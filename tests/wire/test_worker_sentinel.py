@@ -31,3 +31,9 @@ async def test_a_queued_run_goes_through_sentinel_to_a_client_on_another_node(
         worker.stop()
     assert [kind for _, kind, _ in events].count("agent.step.completed") == 3
     assert events[-1][2]["status"] == "completed"
+
+
+def test_queue_mode_refuses_redis_cluster_with_a_clear_error(server_factory: ServerFactory) -> None:
+    backend = ("--backend", "redis-cluster://127.0.0.1:1/")
+    with pytest.raises(RuntimeError, match="does not support Redis Cluster"):
+        server_factory("--demo", *backend, env={"AGENT_DEMO_RUN_MODE": "queue"})
