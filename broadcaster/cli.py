@@ -21,7 +21,11 @@ def main() -> None:
 @main.command()
 @click.option("--host", help="Interface to listen on [env BROADCASTER_HOST; 127.0.0.1].")
 @click.option("--port", type=int, help="Port; 0 picks a free one [env BROADCASTER_PORT; 8080].")
-@click.option("--backend", help="memory:// or redis://host:port/db [env BROADCASTER_BACKEND].")
+@click.option(
+    "--backend",
+    help="memory://, redis://host:port/db, redis-cluster://host:port,host:port/ or "
+    "redis-sentinel://host:port,host:port/<service>/<db> [env BROADCASTER_BACKEND].",
+)
 @click.option("--app-id", help="Pusher app id [env BROADCASTER_APP_ID].")
 @click.option("--app-key", help="Pusher app key [env BROADCASTER_APP_KEY].")
 @click.option("--app-secret", help="Pusher app secret [env BROADCASTER_APP_SECRET].")

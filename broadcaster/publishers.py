@@ -29,7 +29,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlencode
 
 import httpx
@@ -339,7 +339,10 @@ class RedisPublisher(BufferedPublisher):
     script: position, history, PUBLISH), with a bounded retry buffer.
 
     Args:
-        client: a ``redis.asyncio.Redis`` client of the deployment's Redis.
+        client: a ``redis.asyncio.Redis`` client of the deployment's Redis (for Redis
+            Cluster a ``RedisCluster`` from
+            :func:`broadcaster.backends.redis_cluster.cluster_client`; for Sentinel
+            :func:`broadcaster.backends.redis_sentinel.sentinel_client`).
         app_id: the app whose channels receive the envelopes.
         prefix: the deployment's key prefix (the servers' ``--redis-prefix``).
     """
@@ -365,12 +368,23 @@ class RedisPublisher(BufferedPublisher):
 
         from broadcaster.backends.redis import publish_via_redis
 
+        publish: Any = publish_via_redis
+        if _is_cluster(self._client):  # Redis Cluster: hash-tagged keys, SPUBLISH
+            from broadcaster.backends.redis_cluster import publish_via_redis_cluster
+
+            publish = publish_via_redis_cluster
         for item in batch:
             publication = Publication(self._app_id, item.channel, item.event, item.data)
             try:
-                await publish_via_redis(self._client, self._prefix, publication)
+                await publish(self._client, self._prefix, publication)
             except (RedisError, OSError) as exc:
                 raise PublishError(f"cannot publish through Redis: {exc}", retryable=True) from exc
+
+
+def _is_cluster(client: object) -> bool:
+    from redis.asyncio.cluster import RedisCluster
+
+    return isinstance(client, RedisCluster)
 
 
 def state_key(channel: str) -> str:

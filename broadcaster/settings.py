@@ -20,6 +20,12 @@ from broadcaster.backends.base import DEFAULT_HISTORY_SIZE, DEFAULT_REDIS_PREFIX
 __all__ = ["AppConfig", "Settings", "SettingsError", "load_settings"]
 
 
+_BACKEND_SCHEMES = (
+    *("memory", "redis", "rediss", "redis-cluster", "rediss-cluster"),
+    *("redis-sentinel", "rediss-sentinel"),
+)
+
+
 class SettingsError(Exception):
     """Settings could not be loaded; the message says which value is wrong and why."""
 
@@ -117,9 +123,11 @@ class Settings(BaseSettings):
     @classmethod
     def _known_backend(cls, value: str) -> str:
         scheme = value.split("://", 1)[0] if "://" in value else ""
-        if scheme not in ("memory", "redis", "rediss"):
+        if scheme not in _BACKEND_SCHEMES:
             raise ValueError(
-                f"unsupported backend URL {value!r}: use memory:// or redis://host:port/db"
+                f"unsupported backend URL {value[:60]!r}: use memory://, redis://host:port/db, "
+                "redis-cluster://host:port,host:port/ or "
+                "redis-sentinel://host:port,host:port/<service>/<db>"
             )
         return value
 

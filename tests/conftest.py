@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tests.support.processes import RedisServer, ServerFactory, ServerProcess
+from tests.support.topologies import ClusterTopology, SentinelTopology
 
 
 @pytest.fixture(scope="session")
@@ -17,6 +18,23 @@ def redis_server() -> Iterator[RedisServer]:
     server = RedisServer().start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[ClusterTopology]:
+    """A private 3-primary/3-replica Redis Cluster for the whole test session (tests
+    that kill a node use their own, from ``ClusterTopology().start()``)."""
+    cluster = ClusterTopology().start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[SentinelTopology]:
+    """A private primary + replica watched by 3 Sentinels, for the whole session."""
+    topology = SentinelTopology().start()
+    yield topology
+    topology.stop()
 
 
 @pytest.fixture

@@ -160,13 +160,18 @@ class _Demo:
                 "AGENT_DEMO_RUN_MODE=queue needs the Redis backend (--backend redis://...): "
                 f"workers reach the web nodes through Redis, not {backend!r}"
             )
+        if self.settings.run_mode == "queue" and backend.startswith(("redis-cluster", "rediss-c")):
+            raise ExtensionError(
+                "AGENT_DEMO_RUN_MODE=queue does not support Redis Cluster yet (the run queue's "
+                "scripts span slots): use redis:// or redis-sentinel://, or another run mode"
+            )
 
     def _queue(self) -> RunQueue:
-        from redis.asyncio import Redis
+        from broadcaster.backends.clients import redis_client
 
         settings, demo = self.node.settings, self.settings
         queue = RunQueue(
-            Redis.from_url(settings.backend, socket_connect_timeout=5, socket_timeout=5),
+            redis_client(settings.backend),
             self.app.id,
             self._position,
             prefix=settings.redis_prefix,

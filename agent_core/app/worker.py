@@ -64,6 +64,7 @@ from agent_core.app.runs import (
     resolve_mode,
     run_claim,
 )
+from broadcaster.backends.clients import redis_client
 from broadcaster.backends.redis import DEFAULT_PREFIX, claim_key, safe_url, value_key
 from broadcaster.envelope import channel_for
 from broadcaster.publishers import RedisPublisher, RedisStateStore, state_key
@@ -657,7 +658,7 @@ class WorkerSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="AGENT_WORKER_", extra="forbid")
 
-    redis_url: str = Field(default="redis://127.0.0.1:6379/0", pattern=r"^rediss?://")
+    redis_url: str = Field(default="redis://127.0.0.1:6379/0", pattern=r"^rediss?(-sentinel)?://")
     redis_prefix: str = Field(default=DEFAULT_PREFIX, min_length=1)
     app_id: str = Field(default="1", min_length=1)
     concurrency: int = Field(default=8, ge=1, le=1000)
@@ -673,7 +674,7 @@ class WorkerSettings(BaseSettings):
 
 
 async def _serve(settings: WorkerSettings) -> None:
-    redis = Redis.from_url(settings.redis_url, socket_connect_timeout=5)
+    redis = redis_client(settings.redis_url)  # redis:// or redis-sentinel://
     await redis.ping()
     worker = Worker(
         redis,
@@ -700,7 +701,12 @@ async def _serve(settings: WorkerSettings) -> None:
 
 
 @click.command()
-@click.option("--redis", "redis_url", envvar="REDIS_URL", help="redis://host:port/db")
+@click.option(
+    "--redis",
+    "redis_url",
+    envvar="REDIS_URL",
+    help="redis://host:port/db or redis-sentinel://host:port,host:port/service/db",
+)
 @click.option("--redis-prefix", help="key prefix of the deployment [agentbc]")
 @click.option("--app-id", help="app whose channels the runs publish on [1]")
 @click.option("--concurrency", type=int, help="runs at the same time [8]")

@@ -13,7 +13,10 @@ __all__ = ["Backend", "BackendUnavailable", "HistoryResult", "PresenceMember", "
 
 
 def create_backend(url: str, **options: object) -> Backend:
-    """The backend for ``url``: ``memory://`` or ``redis://host:port/db``.
+    """The backend for ``url``: ``memory://``, ``redis://host:port/db``,
+    ``redis-cluster://host:port,host:port/`` (Redis Cluster, sharded pub/sub) or
+    ``redis-sentinel://host:port,host:port/<service>/<db>`` (the primary Sentinel names);
+    ``rediss``-prefixed schemes for TLS.
 
     Options understood by every backend: ``history_size`` (publications kept per
     channel), ``history_ttl`` (seconds the history lives after the channel's last
@@ -34,4 +37,15 @@ def create_backend(url: str, **options: object) -> Backend:
         from broadcaster.backends.redis import RedisBackend
 
         return RedisBackend(url, **options)  # type: ignore[arg-type]
-    raise ValueError(f"unsupported backend URL {url!r}: use memory:// or redis://host:port/db")
+    if scheme in ("redis-cluster", "rediss-cluster"):
+        from broadcaster.backends.redis_cluster import RedisClusterBackend
+
+        return RedisClusterBackend(url, **options)
+    if scheme in ("redis-sentinel", "rediss-sentinel"):
+        from broadcaster.backends.redis_sentinel import RedisSentinelBackend
+
+        return RedisSentinelBackend(url, **options)
+    raise ValueError(
+        f"unsupported backend URL {url[:60]!r}: use memory://, redis://host:port/db, "
+        "redis-cluster://host:port,host:port/ or redis-sentinel://host:port,host:port/service/db"
+    )

@@ -39,7 +39,7 @@ import secrets
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import orjson
@@ -268,6 +268,9 @@ class RedisBackend:
         ValueError: for an invalid URL or option, naming it.
     """
 
+    # Seams for variants (Redis Cluster): the scripts that check node liveness.
+    _scripts: ClassVar[Any] = _lua
+
     def __init__(
         self,
         url: str,
@@ -415,10 +418,7 @@ class RedisBackend:
         self._presence_dirty.clear()
         self._counts.clear()
         await self._drop_pubsub()
-        with contextlib.suppress(*_ERRORS):
-            await self._client.connection_pool.disconnect()
-        with contextlib.suppress(*_ERRORS):
-            await self._prober.aclose()
+        await self._close_clients()
         log.info("Redis backend of node %s stopped", self._node_id)
 
     # -- pub/sub --------------------------------------------------------------------------
@@ -632,11 +632,11 @@ class RedisBackend:
         key = self._key(app_id, "presence", channel)
         entry = self._entry(member)
         self._presence.setdefault(key, {})[socket_id] = entry
-        args = (socket_id, entry, member.user_id, self._node_prefix)
+        args = (socket_id, entry, member.user_id, await self._liveness())
         try:
-            added = await _lua.PRESENCE_ADD.run(
+            added = await self._scripts.PRESENCE_ADD.run(
                 self._client,
-                (key, self._node_key),
+                self._presence_add_keys(key),
                 (*args, _ms(self.node_ttl), self._node_id, limit or 0),
             )
         except _ERRORS as exc:
@@ -665,8 +665,9 @@ class RedisBackend:
         member = self._member(entry)
         try:
             self._check_ready()
-            last = await _lua.PRESENCE_REMOVE.run(
-                self._client, (key,), (socket_id, entry, self._node_prefix, self._node_id)
+            alive = await self._liveness()
+            last = await self._scripts.PRESENCE_REMOVE.run(
+                self._client, (key,), (socket_id, entry, alive, self._node_id)
             )
         except (BackendUnavailable, *_ERRORS) as exc:
             self._presence_dirty.add(key)
@@ -684,7 +685,8 @@ class RedisBackend:
         self._check_ready()
         key = self._key(app_id, "presence", channel)
         try:
-            entries = await _lua.PRESENCE_MEMBERS.run(self._client, (key,), (self._node_prefix,))
+            alive = await self._liveness()
+            entries = await self._scripts.PRESENCE_MEMBERS.run(self._client, (key,), (alive,))
         except _ERRORS as exc:
             raise self._failed("read presence members", exc) from exc
         unique: dict[str, PresenceMember] = {}
@@ -783,9 +785,9 @@ class RedisBackend:
         BackendUnavailable: Redis is unreachable."""
         self._check_ready()
         keys = (self._key(app_id, "subs-nodes"),)
-        args = (self._key(app_id, "subs", ""), self._node_prefix)
         try:
-            flat = await _lua.SUBSCRIPTION_COUNTS.run(self._client, keys, args)
+            args = (self._key(app_id, "subs", ""), await self._liveness())
+            flat = await self._scripts.SUBSCRIPTION_COUNTS.run(self._client, keys, args)
         except _ERRORS as exc:
             raise self._failed("read subscription counts", exc) from exc
         return {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
@@ -805,6 +807,22 @@ class RedisBackend:
 
     def _control_channel(self, app_id: str) -> str:
         return f"{self.prefix}:{app_id}:#control"
+
+    async def _close_clients(self) -> None:
+        with contextlib.suppress(*_ERRORS):
+            await self._client.connection_pool.disconnect()
+        with contextlib.suppress(*_ERRORS):
+            await self._prober.aclose()
+
+    def _presence_add_keys(self, key: str) -> tuple[str, ...]:
+        """KEYS of the presence-add script: the presence hash and this node's heartbeat
+        (which the script refreshes)."""
+        return (key, self._node_key)
+
+    async def _liveness(self) -> str:
+        """What the presence and count scripts take to tell live nodes: here the prefix
+        of the heartbeat keys, which the scripts read themselves."""
+        return self._node_prefix
 
     def _check_ready(self) -> None:
         if self._stopped:

@@ -1,8 +1,10 @@
 """The backend factory: every conformance test runs once per backend.
 
 ``memory`` is single-node (one process holds everything), so tests that need two nodes
-are skipped for it; ``redis`` nodes are separate backends sharing the session's private
-Redis under a prefix unique to the test, as separate processes would.
+are deselected for it; ``redis``, ``redis-cluster`` and ``redis-sentinel`` nodes are
+separate backends sharing the session's private Redis (a standalone one, a 3-primary /
+3-replica cluster, a primary + replica behind 3 Sentinels) under a prefix unique to the
+test, as separate processes would.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from tests.backends.helpers import APP, OTHER_APP, Node
 
 
 class BackendFactory:
-    """Starts backends of one kind (``memory`` or ``redis``) as nodes of one cluster."""
+    """Starts backends of one kind (``memory``, ``redis``, ``redis-cluster``,
+    ``redis-sentinel``) as nodes of one deployment."""
 
     def __init__(self, kind: str, url: str) -> None:
         self.kind = kind
@@ -33,7 +36,7 @@ class BackendFactory:
     async def node(self, **options: Any) -> Node:
         """A started node; ``options`` go to the backend's constructor."""
         options.setdefault("apps", (APP, OTHER_APP))
-        if self.kind == "redis":
+        if self.kind != "memory":
             options.setdefault("prefix", self.prefix)
         node = Node(create_backend(self.url, **options))
         await node.backend.start(node.on_publication, node.on_control)
@@ -45,15 +48,29 @@ class BackendFactory:
             await node.backend.stop()
 
 
+_TOPOLOGY = {
+    "redis": "redis_server",
+    "redis-cluster": "redis_cluster",
+    "redis-sentinel": "redis_sentinel",
+}
+
+
 def _url(kind: str, request: pytest.FixtureRequest) -> str:
     if kind == "memory":
         return "memory://"
-    server = request.getfixturevalue("redis_server")
+    server = request.getfixturevalue(_TOPOLOGY[kind])
     url: str = server.url
     return url
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("redis-cluster", marks=pytest.mark.redis),
+        pytest.param("redis-sentinel", marks=pytest.mark.redis),
+    ]
+)
 async def backend_factory(request: pytest.FixtureRequest) -> AsyncIterator[BackendFactory]:
     factory = BackendFactory(request.param, _url(request.param, request))
     yield factory

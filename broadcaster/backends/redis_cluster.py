@@ -1,0 +1,675 @@
+"""The Redis Cluster backend: the Redis backend over Redis Cluster with sharded pub/sub.
+
+URL: ``redis-cluster://[user:password@]host:port,host:port/`` (seed nodes; any reachable
+one is enough, the rest of the cluster is discovered), or ``rediss-cluster://`` for TLS.
+
+Layout, for ``prefix`` P and app A: every key of one channel shares the hash tag
+``{A:channel}``, so the publish, history and presence scripts touch one slot, and the
+channel's shard channel (``SPUBLISH``/``SSUBSCRIBE``) lives on that slot too::
+
+    P:{A:<channel>}:pub        shard channel of the channel's publications
+    P:{A:<channel>}:meta       hash {e: epoch, o: last offset}
+    P:{A:<channel>}:stream     stream of the last publications
+    P:{A:<channel>}:presence   hash socket id -> {"n": node, "u": user, "i": info}
+    P:{A}:#control             shard channel of the app's control messages
+    P:{A}:subs:<node>          hash channel -> the node's subscription count
+    P:{A}:subs-nodes           set of nodes that count subscriptions for A
+    P:{#nodes}                 sorted set node -> heartbeat deadline (Redis time, ms)
+    P:A:value:<key>, P:A:claim:<key>   single-key values and claims (any slot)
+
+Keys that span channels are tagged per app (``{A}``: one slot per app) or, for node
+liveness, kept in one sorted set whose scores are deadlines taken from Redis's own clock.
+Scripts cannot read the heartbeat of another slot, so the node reads the live nodes
+first (one round trip, presence and counts only, never on the publish path) and passes
+them to the presence and count scripts.
+
+Each node opens one pub/sub connection per primary that owns a slot of a channel its
+clients use (never to the others), ``SSUBSCRIBE``\\ s there, and follows the cluster:
+when a shard's connection fails, or Redis unsubscribes a channel because its slot moved,
+the node refreshes the slot map and subscribes again on the slot's owner, then counts a
+reconnection so the hub fills what the channels missed from their history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, ClassVar
+from urllib.parse import unquote
+
+import orjson
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import AbstractConnection, Connection, SSLConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.crc import key_slot
+from redis.exceptions import NoScriptError, RedisClusterException
+
+from broadcaster.backends import _lua
+from broadcaster.backends.base import (
+    DEFAULT_HISTORY_META_TTL,
+    DEFAULT_HISTORY_SIZE,
+    DEFAULT_HISTORY_TTL,
+    new_epoch,
+)
+from broadcaster.backends.redis import (
+    _ERRORS,
+    _MAX_CONNECTIONS,
+    RedisBackend,
+    _ms,
+    _Outgoing,
+    _position,
+    encode_publication,
+)
+from broadcaster.publication import Position, Publication
+
+__all__ = [
+    "RedisClusterBackend",
+    "channel_key",
+    "cluster_client",
+    "parse_cluster_url",
+    "publish_via_redis_cluster",
+]
+
+log = logging.getLogger(__name__)
+
+SCHEMES = ("redis-cluster", "rediss-cluster")
+_CHANNEL_KINDS = frozenset({"meta", "stream", "presence", "pub"})
+
+
+# -- scripts: the standalone ones, adapted to one slot ----------------------------------
+
+_EXISTS = re.compile(r"redis\.call\('EXISTS', (ARGV\[\d\]) \.\. node\) == 1")
+_OWN_BEAT = "redis.call('SET', KEYS[2], '1', 'PX', ARGV[5])\n"
+
+
+def _for_cluster(script: _lua.Script, *, own_beat: bool = False) -> _lua.Script:
+    """The cluster version of a standalone script: a node is alive when its id is in
+    the ``,id,id,`` list passed where the script took the heartbeat key prefix;
+    ``PUBLISH`` becomes ``SPUBLISH``. Fails loudly if a script no longer matches."""
+    source, found = _EXISTS.subn(
+        r"string.find(\1, ',' .. node .. ',', 1, true) ~= nil", script.source
+    )
+    if own_beat:
+        assert _OWN_BEAT in source, "PRESENCE_ADD no longer writes KEYS[2] as expected"
+        source = source.replace(_OWN_BEAT, "")
+    source = source.replace("redis.call('PUBLISH',", "redis.call('SPUBLISH',")
+    assert found or "SPUBLISH" in source, "a cluster script lost its liveness check"
+    return _lua.Script(source)
+
+
+SCRIPTS = SimpleNamespace(
+    PUBLISH=_for_cluster(_lua.PUBLISH),
+    PRESENCE_ADD=_for_cluster(_lua.PRESENCE_ADD, own_beat=True),
+    PRESENCE_REMOVE=_for_cluster(_lua.PRESENCE_REMOVE),
+    PRESENCE_MEMBERS=_for_cluster(_lua.PRESENCE_MEMBERS),
+    PRESENCE_RESTORE=_lua.PRESENCE_RESTORE,
+    SUBSCRIPTION_COUNTS=_for_cluster(_lua.SUBSCRIPTION_COUNTS),
+)
+
+_BEAT = _lua.Script(
+    """
+-- KEYS: the nodes' sorted set. ARGV: node id, ttl ms. Returns 1 when the node was alive.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local deadline = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '0')
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return deadline > now and 1 or 0
+"""
+)
+
+_LIVE = _lua.Script(
+    """
+-- KEYS: the nodes' sorted set. Returns the ids of the nodes whose deadline is ahead.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
+"""
+)
+
+
+# -- names and the client ---------------------------------------------------------------
+
+
+def channel_key(prefix: str, app_id: str, channel: str, kind: str) -> str:
+    """A key (or shard channel) of ``channel``: every kind shares the tag ``{A:ch}``."""
+    return f"{prefix}:{{{app_id}:{channel}}}:{kind}"
+
+
+@dataclass(frozen=True)
+class ClusterURL:
+    """A parsed ``redis-cluster://`` URL."""
+
+    seeds: tuple[tuple[str, int], ...]
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def cluster_safe_url(url: str) -> str:
+    """``url`` without credentials, for logs and errors."""
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{rest.rpartition('@')[2]}"
+
+
+def parse_cluster_url(url: str) -> ClusterURL:
+    """Parse ``redis-cluster://[user:password@]host:port,host:port/``.
+
+    Raises:
+        ValueError: naming what is wrong (scheme, a seed, a path).
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in SCHEMES:
+        raise ValueError(f"not a redis-cluster:// or rediss-cluster:// URL: {url[:60]!r}")
+    netloc, _, path = rest.partition("/")
+    path = path.split("?", 1)[0]
+    if path not in ("", "0"):
+        raise ValueError(f"Redis Cluster has only database 0, got path {path!r}")
+    userinfo, at, hosts = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon else None
+    seeds = []
+    for seed in hosts.split(","):
+        host, colon, port = seed.rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"seed nodes must be host:port, got {seed[:60]!r}")
+        seeds.append((host.strip("[]"), int(port)))
+    return ClusterURL(tuple(seeds), username, password, scheme == "rediss-cluster")
+
+
+def cluster_client(url: str, *, timeout: float = 2.0, connect_timeout: float = 2.0) -> RedisCluster:
+    """A ``RedisCluster`` client for ``url`` (``redis-cluster://...``), as the backend and
+    the processes that publish without a node (agents, workers) use it.
+
+    Raises:
+        ValueError: for an invalid URL.
+    """
+    parsed = parse_cluster_url(url)
+    return RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in parsed.seeds],
+        username=parsed.username,
+        password=parsed.password,
+        ssl=parsed.tls,
+        protocol=2,
+        max_connections=_MAX_CONNECTIONS,
+        socket_timeout=timeout,
+        socket_connect_timeout=connect_timeout,
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 3),
+    )
+
+
+async def publish_via_redis_cluster(
+    client: RedisCluster,
+    prefix: str,
+    publication: Publication,
+    history: bool = True,
+    *,
+    history_size: int = DEFAULT_HISTORY_SIZE,
+    history_ttl: float = DEFAULT_HISTORY_TTL,
+    history_meta_ttl: float = DEFAULT_HISTORY_META_TTL,
+) -> Position | None:
+    """Publish as :class:`RedisClusterBackend` does, for processes that run no node (see
+    :func:`broadcaster.backends.redis.publish_via_redis`).
+
+    Raises:
+        redis.exceptions.RedisError: from the client.
+    """
+    p = publication
+    name = channel_key(prefix, p.app_id, p.channel, "pub")
+    if not history:
+        await client.spublish(name, encode_publication(p))
+        return None
+    keys, args = _publish_args(prefix, p, history_size, history_ttl, history_meta_ttl)
+    return _position(await SCRIPTS.PUBLISH.run(client, keys, args))
+
+
+def _publish_args(
+    prefix: str, p: Publication, size: int, ttl: float, meta_ttl: float
+) -> tuple[tuple[str, str], tuple[str | int | bytes, ...]]:
+    keys = (
+        channel_key(prefix, p.app_id, p.channel, "meta"),
+        channel_key(prefix, p.app_id, p.channel, "stream"),
+    )
+    payload = encode_publication(p)[:-1]
+    name = channel_key(prefix, p.app_id, p.channel, "pub")
+    return keys, (name, payload, size, _ms(ttl), _ms(meta_ttl), new_epoch())
+
+
+# -- the backend ------------------------------------------------------------------------
+
+
+@dataclass
+class _Shard:
+    """One pub/sub connection to a primary, and the shard channels subscribed there."""
+
+    address: tuple[str, int]
+    conn: AbstractConnection
+    channels: set[bytes] = field(default_factory=set)
+    reader: asyncio.Task[None] | None = None
+    pong_at: float = 0.0
+
+
+class RedisClusterBackend(RedisBackend):
+    """The Redis backend over Redis Cluster (see the module's docstring); same options
+    as :class:`~broadcaster.backends.redis.RedisBackend`.
+
+    Raises:
+        ValueError: for an invalid URL or option, naming it.
+    """
+
+    _scripts: ClassVar[Any] = SCRIPTS
+
+    def __init__(self, url: str, **options: Any) -> None:
+        parsed = parse_cluster_url(url)
+        host, port = parsed.seeds[0]
+        scheme = "rediss" if parsed.tls else "redis"
+        super().__init__(f"{scheme}://{host}:{port}/0", **options)
+        self.url = cluster_safe_url(url)
+        self._cluster_url = parsed
+        timeouts = {"timeout": self.command_timeout, "connect_timeout": self.connect_timeout}
+        self._client = cluster_client(url, **timeouts)  # type: ignore[assignment]
+        self._prober = cluster_client(url, **timeouts)  # type: ignore[assignment]
+        self._nodes_key = f"{self.prefix}:{{#nodes}}"
+        self._shards: dict[tuple[str, int], _Shard] = {}
+        self._trouble = asyncio.Event()
+        self._moved: set[bytes] = set()
+
+    @property
+    def cluster(self) -> RedisCluster:
+        """The cluster client (commands; pub/sub has connections of its own)."""
+        return self._client  # type: ignore[return-value]
+
+    # -- names --------------------------------------------------------------------------
+
+    def _key(self, app_id: str, kind: str, name: str | None = None) -> str:
+        if name is None:
+            return f"{self.prefix}:{{{app_id}}}:{kind}"
+        if kind in _CHANNEL_KINDS:
+            return channel_key(self.prefix, app_id, name, kind)
+        if kind == "subs":
+            return f"{self.prefix}:{{{app_id}}}:subs:{name}"
+        return f"{self.prefix}:{app_id}:{kind}:{name}"
+
+    def _control_channel(self, app_id: str) -> str:
+        return f"{self.prefix}:{{{app_id}}}:#control"
+
+    def _presence_add_keys(self, key: str) -> tuple[str, ...]:
+        return (key,)
+
+    async def _liveness(self) -> str:
+        live = await _LIVE.run(self._client, (self._nodes_key,), ())
+        ids = {n.decode() if isinstance(n, bytes) else n for n in live} | {self.node_id}
+        return "," + ",".join(sorted(ids)) + ","
+
+    # -- pub/sub ------------------------------------------------------------------------
+
+    async def subscribe(self, app_id: str, channel: str) -> None:
+        """Receive ``channel``: ``SSUBSCRIBE`` on its slot's primary, confirmed."""
+        name = self._key(app_id, "pub", channel).encode()
+        if name not in self._channels:
+            self._channels.add(name)
+            await self._shard_command(b"ssubscribe", name)
+
+    async def unsubscribe(self, app_id: str, channel: str) -> None:
+        """Stop receiving ``channel``; confirmed, or at once while its shard is away."""
+        name = self._key(app_id, "pub", channel).encode()
+        if name in self._channels:
+            self._channels.discard(name)
+            await self._shard_command(b"sunsubscribe", name)
+
+    async def send_control(self, app_id: str, message: Any) -> None:
+        """Publish a control message to every node that lists ``app_id`` in ``apps``.
+
+        Raises:
+            BackendUnavailable: the cluster is unreachable.
+        """
+        self._check_ready()
+        payload = orjson.dumps({"app": app_id, "message": message})
+        try:
+            await self.cluster.spublish(self._control_channel(app_id), payload)
+        except _ERRORS as exc:
+            raise self._failed("send a control message", exc) from exc
+
+    def _shard_for(self, name: bytes) -> _Shard | None:
+        for shard in self._shards.values():
+            if name in shard.channels:
+                return shard
+        return None
+
+    async def _shard_command(self, kind: bytes, name: bytes) -> None:
+        """Send SSUBSCRIBE/SUNSUBSCRIBE on the shard of ``name`` and wait for Redis to
+        confirm it; give up quietly when the shard is away (the resync restores it)."""
+        if not self._ready:
+            return
+        try:
+            if kind == b"ssubscribe":
+                shard = await self._shard(self._owner(name))
+                shard.channels.add(name)
+            else:
+                found = self._shard_for(name)
+                if found is None:
+                    return
+                shard = found
+                shard.channels.discard(name)
+            waiter = asyncio.get_running_loop().create_future()
+            waiters = self._waiters.setdefault((kind, name), deque())
+            waiters.append(waiter)
+            try:
+                await shard.conn.send_command(kind.upper(), name, check_health=False)
+                async with asyncio.timeout(self.command_timeout):
+                    await waiter
+            finally:
+                if waiter in waiters:
+                    waiters.remove(waiter)
+                if not waiters and self._waiters.get((kind, name)) is waiters:
+                    del self._waiters[(kind, name)]
+        except (TimeoutError, *_ERRORS) as exc:
+            log.debug("%r %r not confirmed (%s); restored by the resync", kind, name, exc)
+            self._trouble.set()
+
+    def _owner(self, name: bytes) -> tuple[str, int]:
+        node = self.cluster.nodes_manager.get_node_from_slot(key_slot(name))
+        return (node.host, int(node.port))
+
+    async def _shard(self, address: tuple[str, int]) -> _Shard:
+        shard = self._shards.get(address)
+        if shard is not None and shard.conn.is_connected:
+            return shard
+        if shard is not None:
+            await self._close_shard(shard)
+        conn = self._shard_connection(address)
+        await conn.connect()  # type: ignore[no-untyped-call]
+        shard = _Shard(address, conn, pong_at=asyncio.get_running_loop().time())
+        self._shards[address] = shard
+        shard.reader = asyncio.create_task(self._read_shard(shard), name="redis-cluster-shard")
+        return shard
+
+    def _shard_connection(self, address: tuple[str, int]) -> AbstractConnection:
+        parsed = self._cluster_url
+        cls = SSLConnection if parsed.tls else Connection
+        conn: AbstractConnection = cls(
+            host=address[0],
+            port=address[1],
+            username=parsed.username,
+            password=parsed.password,
+            protocol=2,
+            socket_timeout=None,  # an idle shard is normal: the heartbeat PINGs instead
+            socket_connect_timeout=self.connect_timeout,
+            socket_keepalive=True,
+            retry=Retry(NoBackoff(), 0),
+        )
+        return conn
+
+    async def _close_shard(self, shard: _Shard) -> None:
+        if self._shards.get(shard.address) is shard:
+            del self._shards[shard.address]
+        if shard.reader is not None and shard.reader is not asyncio.current_task():
+            shard.reader.cancel()
+        with contextlib.suppress(*_ERRORS):
+            await shard.conn.disconnect(nowait=True)
+
+    async def _read_shard(self, shard: _Shard) -> None:
+        on_publication = self._on_publication
+        assert on_publication is not None
+        try:
+            while True:
+                reply = await shard.conn.read_response()
+                kind = reply[0]
+                if kind == b"smessage":
+                    data = reply[2]
+                    if data[:1] == b"[":
+                        self._deliver(on_publication, data)
+                    else:
+                        self._control(data)
+                elif kind == b"pong":
+                    shard.pong_at = asyncio.get_running_loop().time()
+                elif kind in (b"ssubscribe", b"sunsubscribe"):
+                    self._shard_confirm(shard, kind, reply[1])
+        except _ERRORS as exc:
+            log.warning("lost the shard at %s:%d (%s); resyncing", *shard.address, exc)
+            if self._shards.get(shard.address) is shard:
+                del self._shards[shard.address]
+            self._moved |= shard.channels
+            self._trouble.set()
+
+    def _shard_confirm(self, shard: _Shard, kind: bytes, name: bytes) -> None:
+        waiters = self._waiters.get((kind, name))
+        if waiters:
+            self._confirm(kind, name)
+        elif kind == b"sunsubscribe" and name in shard.channels:
+            # Not asked for: Redis dropped it because its slot moved to another node.
+            shard.channels.discard(name)
+            if name in self._channels or name in self._control_names():
+                log.info("shard channel %r moved off %s:%d; following it", name, *shard.address)
+                self._moved.add(name)
+                self._trouble.set()
+
+    def _control_names(self) -> set[bytes]:
+        return {self._control_channel(app).encode() for app in self.apps}
+
+    # -- connection and resync ----------------------------------------------------------
+
+    async def _connect(self) -> None:
+        """Discover the cluster, subscribe every channel on its shard, write this node's
+        state; then the node is ready."""
+        for shard in list(self._shards.values()):
+            await self._close_shard(shard)
+        self._moved.clear()
+        await self._refresh()
+        await self._client.ping()
+        await self._subscribe_all([*self._control_names(), *self._channels])
+        await self._restore()
+        self._responsive = True
+        self._ready = True
+        if self._ever_connected:
+            self.reconnects += 1
+            log.info("reconnected to Redis Cluster %s (%d)", self.url, self.reconnects)
+        else:
+            log.info("connected to Redis Cluster %s as node %s", self.url, self._node_id)
+        self._ever_connected = True
+
+    async def _subscribe_all(self, names: list[bytes]) -> None:
+        """SSUBSCRIBE ``names`` on their owners, one command per shard, and wait for a
+        PONG after them on each (then every one of them is in effect)."""
+        by_owner: dict[tuple[str, int], list[bytes]] = {}
+        for name in names:
+            by_owner.setdefault(self._owner(name), []).append(name)
+        for address, owned in by_owner.items():
+            shard = await self._shard(address)
+            shard.channels.update(owned)
+            await self._ping_shard(shard, owned)
+
+    async def _ping_shard(self, shard: _Shard, names: list[bytes]) -> None:
+        loop = asyncio.get_running_loop()
+        pinged = loop.time()
+        by_slot: dict[int, list[bytes]] = {}
+        for name in names:  # one SSUBSCRIBE names channels of one slot only
+            by_slot.setdefault(key_slot(name), []).append(name)
+        commands: list[list[bytes | str]] = [["SSUBSCRIBE", *same] for same in by_slot.values()]
+        packed = shard.conn.pack_commands([*commands, ["PING"]])
+        await shard.conn.send_packed_command(packed, check_health=False)
+        async with asyncio.timeout(self.command_timeout):
+            while shard.pong_at < pinged:
+                if shard.reader is None or shard.reader.done():
+                    raise ConnectionError(f"shard {shard.address} lost while subscribing")
+                await asyncio.sleep(0.005)
+
+    async def _supervise(self) -> None:
+        delay = self.reconnect_min
+        while True:
+            if not self._ready:
+                try:
+                    await self._connect()
+                except Exception as exc:
+                    log.debug("Redis Cluster %s still unreachable (%s)", self.url, exc)
+                    await asyncio.sleep(delay * (1 - random.random() / 2))  # noqa: S311
+                    delay = min(delay * 2, self.reconnect_max)
+                    continue
+                delay = self.reconnect_min
+            await self._trouble.wait()
+            self._trouble.clear()
+            try:
+                await self._resync()
+            except Exception as exc:
+                log.warning("Redis Cluster %s: could not follow the cluster (%s)", self.url, exc)
+                await self._lost(exc)
+                await asyncio.sleep(delay * (1 - random.random() / 2))  # noqa: S311
+
+    async def _resync(self) -> None:
+        """Refresh the slot map and subscribe the moved channels on their new owners."""
+        moved, self._moved = self._moved, set()
+        wanted = (self._channels | self._control_names()) & moved
+        if not wanted:
+            return
+        self._ready = False  # /ready reports the outage while a shard is away
+        await self._refresh()
+        await self._subscribe_all(sorted(wanted))
+        await self._restore()
+        self._ready = True
+        self.reconnects += 1  # the hub fills what the moved channels missed
+
+    async def _refresh(self) -> None:
+        """Read the slot map again (after a failover or a slot move)."""
+        await self.cluster.initialize()  # the first time only
+        await self.cluster.nodes_manager.initialize()
+
+    async def _probe(self) -> None:
+        await super()._probe()
+        if not self._responsive:  # perhaps a failover: ask the cluster who serves now
+            with contextlib.suppress(*_ERRORS, RedisClusterException):
+                await self._prober.nodes_manager.initialize()  # type: ignore[attr-defined]
+
+    async def _lost(self, exc: BaseException) -> None:
+        self._ready = False
+        log.warning("lost Redis Cluster %s (%s); reconnecting", self.url, exc)
+        await self._drop_pubsub()
+        for waiters in self._waiters.values():
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+        self._waiters.clear()
+
+    async def _drop_pubsub(self) -> None:
+        for shard in list(self._shards.values()):
+            await self._close_shard(shard)
+
+    # -- heartbeat and node state -------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        now = asyncio.get_running_loop().time()
+        for shard in list(self._shards.values()):
+            if now - shard.pong_at > 3 * self.heartbeat_interval:
+                log.warning("shard %s:%d stopped answering PINGs", *shard.address)
+                self._moved |= shard.channels
+                await self._close_shard(shard)
+                self._trouble.set()
+            else:
+                await shard.conn.send_command("PING", check_health=False)
+        was_alive = await self._beat()
+        if not was_alive or self._counts_dirty or self._presence_dirty:
+            await self._restore()
+            return
+        pipe = self.cluster.pipeline()
+        for app_id in self._counts:
+            self._refresh_counts(pipe, app_id)
+        for key in self._presence:
+            pipe.pexpire(key, _ms(self.node_ttl))
+        await pipe.execute()
+
+    async def _beat(self) -> bool:
+        args = (self._node_id, _ms(self.node_ttl))
+        return bool(await _BEAT.run(self._client, (self._nodes_key,), args))
+
+    async def _restore(self) -> None:
+        await self._beat()
+        ttl = _ms(self.node_ttl)
+        if self._counts:
+            pipe = self.cluster.pipeline()
+            for app_id, counts in self._counts.items():
+                key = self._key(app_id, "subs", self._node_id)
+                pipe.delete(key)
+                if counts:
+                    pipe.hset(key, mapping=counts)  # type: ignore[arg-type]
+                self._refresh_counts(pipe, app_id)
+            await pipe.execute()
+        self._counts_dirty = False
+        for key in self._presence_dirty | set(self._presence):
+            pairs = [item for pair in self._presence.get(key, {}).items() for item in pair]
+            args = (self._node_id, ttl, *pairs)
+            await SCRIPTS.PRESENCE_RESTORE.run(self._client, (key,), args)
+            self._presence_dirty.discard(key)
+
+    async def _withdraw(self) -> None:
+        pipe = self.cluster.pipeline()
+        pipe.zrem(self._nodes_key, self._node_id)
+        for app_id in self._counts:
+            pipe.delete(self._key(app_id, "subs", self._node_id))
+        for key, local in self._presence.items():
+            if local:
+                pipe.hdel(key, *local)
+        async with asyncio.timeout(self.command_timeout):
+            await pipe.execute()
+
+    async def _close_clients(self) -> None:
+        for client in (self._client, self._prober):
+            with contextlib.suppress(*_ERRORS):
+                await client.aclose()
+
+    # -- publishing ---------------------------------------------------------------------
+
+    async def _publish_batch(self, batch: list[_Outgoing]) -> None:
+        try:
+            results = await self._cluster_pipeline(batch)
+        except (*_ERRORS, RedisClusterException) as exc:
+            results = [exc] * len(batch)
+        for item, result in zip(batch, results, strict=True):
+            if item.done.done():
+                continue
+            if isinstance(result, BaseException):
+                error = self._failed("publish", result)
+                error.__cause__ = result
+                item.done.set_exception(error)
+            else:
+                item.done.set_result(result)
+
+    async def _cluster_pipeline(self, batch: list[_Outgoing]) -> list[Any]:
+        """Publish ``batch`` in one pipeline (one round trip per shard); per publication
+        its position, None, or its error."""
+        script = SCRIPTS.PUBLISH
+        size, ttl, meta_ttl = self.history_size, self.history_ttl, self.history_meta_ttl
+        calls: list[tuple[tuple[str, str], tuple[str | int | bytes, ...]] | None] = []
+        pipe = self.cluster.pipeline()
+        for item in batch:
+            p = item.publication
+            if item.history:
+                keys, args = _publish_args(self.prefix, p, size, ttl, meta_ttl)
+                calls.append((keys, args))
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            else:
+                calls.append(None)
+                name = self._key(p.app_id, "pub", p.channel)
+                pipe.spublish(name, encode_publication(p))
+        replies = await pipe.execute(raise_on_error=False)
+        results: list[Any] = []
+        for call, reply in zip(calls, replies, strict=True):
+            if call is not None and isinstance(reply, NoScriptError):  # a new primary
+                try:
+                    reply = await self.cluster.eval(script.source, 2, *call[0], *call[1])
+                except _ERRORS as exc:
+                    reply = exc
+            if isinstance(reply, BaseException) or call is None:
+                results.append(reply if isinstance(reply, BaseException) else None)
+            else:
+                results.append(_position(reply))
+        return results

@@ -1,0 +1,149 @@
+"""The Redis Sentinel backend: the Redis backend on the primary that Sentinel names.
+
+URL: ``redis-sentinel://[user:password@]host:port,host:port/<service>/<db>`` (the
+Sentinels, the monitored service's name, the database number), or
+``rediss-sentinel://`` for TLS to the Redis primary. Credentials are the primary's;
+the Sentinels are asked without credentials.
+
+Everything else is the standalone backend (same layout, scripts and hot path): commands
+go through a pool that asks Sentinel for the primary whenever it connects (and drops a
+connection that finds a demoted primary), and the pub/sub connection asks Sentinel for
+the primary each time it connects. After a failover the old primary's connections fail,
+the node is not ready for as long as no primary answers, then reconnects to the promoted
+one, subscribes again and counts a reconnection (so the hub fills what channels missed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, unquote
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
+
+from broadcaster.backends.redis import _ERRORS, _MAX_CONNECTIONS, RedisBackend
+
+__all__ = ["RedisSentinelBackend", "SentinelURL", "parse_sentinel_url", "sentinel_client"]
+
+SCHEMES = ("redis-sentinel", "rediss-sentinel")
+
+
+@dataclass(frozen=True)
+class SentinelURL:
+    """A parsed ``redis-sentinel://`` URL."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+
+
+def parse_sentinel_url(url: str) -> SentinelURL:
+    """Parse ``redis-sentinel://[user:password@]host:port,host:port/<service>/<db>``.
+
+    Raises:
+        ValueError: naming what is wrong (scheme, a Sentinel address, service, db).
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in SCHEMES:
+        raise ValueError(f"not a redis-sentinel:// or rediss-sentinel:// URL: {url[:60]!r}")
+    netloc, _, path = rest.partition("/")
+    parts = path.split("?", 1)[0].strip("/").split("/")
+    if not parts[0] or len(parts) > 2:
+        raise ValueError(f"the path must be /<service>/<db>, got {path[:60]!r}")
+    db = parts[1] if len(parts) == 2 else "0"
+    if not db.isdigit():
+        raise ValueError(f"the database must be a number, got {db[:20]!r}")
+    userinfo, at, hosts = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon else None
+    sentinels = []
+    for address in hosts.split(","):
+        host, colon, port = address.rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"Sentinels must be host:port, got {address[:60]!r}")
+        sentinels.append((host.strip("[]"), int(port)))
+    tls = scheme == "rediss-sentinel"
+    return SentinelURL(tuple(sentinels), unquote(parts[0]), int(db), username, password, tls)
+
+
+def sentinel_client(
+    url: str, *, timeout: float = 2.0, connect_timeout: float = 2.0, max_connections: int = 0
+) -> Redis:
+    """A client of the primary that Sentinel names for ``url`` (``redis-sentinel://``),
+    as the backend and the processes that publish without a node (agents, workers) use.
+
+    Raises:
+        ValueError: for an invalid URL.
+    """
+    parsed = parse_sentinel_url(url)
+    options: dict[str, Any] = {
+        "db": parsed.db,
+        "username": parsed.username,
+        "password": parsed.password,
+        "protocol": 2,
+        "socket_timeout": timeout,
+        "socket_connect_timeout": connect_timeout,
+        "retry": Retry(NoBackoff(), 0),
+    }
+    if parsed.tls:
+        options["ssl"] = True
+    if max_connections:
+        options["max_connections"] = max_connections
+    sentinel_options = {"socket_timeout": timeout, "socket_connect_timeout": connect_timeout}
+    sentinel = Sentinel(list(parsed.sentinels), sentinel_kwargs=sentinel_options, **options)  # type: ignore[no-untyped-call]
+    client: Redis = sentinel.master_for(parsed.service, redis_class=_SentinelRedis)
+    return client
+
+
+class _SentinelRedis(Redis):
+    """A client of the primary whose ``aclose`` closes its Sentinel connections too."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        for sentinel in self.connection_pool.sentinel_manager.sentinels:  # type: ignore[attr-defined]
+            await sentinel.aclose()
+
+
+class RedisSentinelBackend(RedisBackend):
+    """The Redis backend on the primary Sentinel names (see the module's docstring);
+    same options as :class:`~broadcaster.backends.redis.RedisBackend`.
+
+    Raises:
+        ValueError: for an invalid URL or option, naming it.
+    """
+
+    def __init__(self, url: str, **options: Any) -> None:
+        parsed = parse_sentinel_url(url)
+        host, port = parsed.sentinels[0]  # replaced by the primary's address on connect
+        scheme = "rediss" if parsed.tls else "redis"
+        auth = ""
+        if parsed.username or parsed.password:
+            auth = f"{quote(parsed.username or '')}:{quote(parsed.password or '')}@"
+        super().__init__(f"{scheme}://{auth}{host}:{port}/{parsed.db}", **options)
+        self.url = f"{url.partition('://')[0]}://{url.partition('://')[2].rpartition('@')[2]}"
+        self.service = parsed.service
+        timeouts = {"timeout": self.command_timeout, "connect_timeout": self.connect_timeout}
+        self._client = sentinel_client(url, max_connections=_MAX_CONNECTIONS, **timeouts)
+        self._prober = sentinel_client(url, max_connections=1, **timeouts)
+        self._sentinel: Sentinel = self._client.connection_pool.sentinel_manager  # type: ignore[attr-defined]
+
+    async def _connect(self) -> None:
+        """Ask Sentinel for the primary, then connect as the standalone backend does."""
+        host, port = await self._sentinel.discover_master(self.service)
+        self._connect_kwargs.update(host=host, port=port)
+        await super()._connect()
+
+    async def _close_clients(self) -> None:
+        for client in (self._client, self._prober):
+            with contextlib.suppress(*_ERRORS):
+                await client.aclose()
