@@ -18,8 +18,9 @@ Code   Name                       Closes  When
 4009   UNAUTHORIZED               yes     the Origin is not allowed, or ``pusher:signin``
                                           failed (missing or unreadable data, bad
                                           signature or bad ``user_data``)
-4100   OVER_CAPACITY              yes     the server is full, or the client reads too slowly
-                                          (SLOW_CONSUMER): reconnect with back-off
+4100   OVER_CAPACITY              yes     the server is full, the client reads too slowly
+                                          (SLOW_CONSUMER), or a subscribe's backend work
+                                          failed (history not read): reconnect with back-off
 4200   SERVER_CLOSING             yes     the server shuts down or restarts: reconnect now
 4201   PONG_NOT_RECEIVED          yes     no ``pusher:pong`` after the server's ``pusher:ping``
 4202   CLOSED_AFTER_INACTIVITY    yes     nothing received for longer than activity_timeout
