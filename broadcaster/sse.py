@@ -95,6 +95,7 @@ __all__ = [
     "FeedItem",
     "decode",
     "encode_event",
+    "resume_position",
     "routes",
 ]
 
@@ -353,7 +354,13 @@ def routes(node: Node) -> list[BaseRoute]:
     ]
 
 
-def _since(request: Request) -> Position | None:
+def resume_position(request: Request) -> Position | None:
+    """Where a stream resumes: ``Last-Event-ID`` (an ``EventSource`` reconnecting), else
+    ``?since=``; None for neither.
+
+    Raises:
+        SessionRefused: 400, the position is malformed.
+    """
     text = request.headers.get("last-event-id") or request.query_params.get("since")
     if not text:
         return None
@@ -366,7 +373,7 @@ def _since(request: Request) -> Position | None:
 async def _session_stream(node: Node, request: Request) -> tuple[AppConfig, str, Position | None]:
     session_id = request.path_params["session_id"]
     app = request_app(node, request)
-    since = _since(request)
+    since = resume_position(request)
     channel = await session_channel(node, app, request, session_id)
     latest = await node.backend.latest(app.id, channel)
     if latest is not None and (
@@ -394,7 +401,7 @@ def _channel_stream(node: Node, request: Request) -> tuple[AppConfig, str, Posit
             "SSE serves public and private channels",
         )
     app = request_app(node, request)
-    since = _since(request)
+    since = resume_position(request)
     if channel_kind(channel) is ChannelKind.PRIVATE:
         auth = request.query_params.get("auth")
         if not verify_stream_auth(app.key, app.secret, auth, channel):

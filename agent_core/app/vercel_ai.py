@@ -83,7 +83,7 @@ from broadcaster.sessions import (
     token_grants,
 )
 from broadcaster.settings import AppConfig
-from broadcaster.sse import HEARTBEAT, ChannelFeed, FeedItem
+from broadcaster.sse import HEARTBEAT, ChannelFeed, FeedItem, resume_position
 
 __all__ = [
     "DONE",
@@ -399,7 +399,7 @@ async def _chat(host: Host, request: Request) -> Response:
 async def _follow(host: Host, request: Request) -> Response:
     session_id = request.path_params["session_id"]
     try:
-        since = _since(request)
+        since = resume_position(request)
         channel = await session_channel(host.node, host.app, request, session_id)
         if since is not None:
             return _stream(host, session_id, channel, since, None, mid_run=True)
@@ -417,16 +417,6 @@ async def _follow(host: Host, request: Request) -> Response:
     if run.start is None:
         return _lost_start(host, session_id, channel, run.execution_id)
     return _stream(host, session_id, channel, run.start, run.execution_id)
-
-
-def _since(request: Request) -> Position | None:
-    text = request.headers.get("last-event-id") or request.query_params.get("since")
-    if not text:
-        return None
-    try:
-        return Position.parse(text.strip())
-    except ValueError as exc:
-        raise SessionRefused(400, f"Last-Event-ID / since: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
