@@ -405,9 +405,13 @@ class RedisBackend:
         self._ready = False
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # Bounded: a task whose cancellation was swallowed still ends by itself (its loop
+        # checks _stopped), and stop() must not wait for it for ever meanwhile.
+        pending: set[asyncio.Task[None]] = set()
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=self.command_timeout + 1)
+        for task in pending:
+            log.warning("task %s did not stop when cancelled", task.get_name())
         self._tasks = []
         if self._sending:  # publications already accepted still go out
             await asyncio.gather(*self._sending, return_exceptions=True)
@@ -845,7 +849,10 @@ class RedisBackend:
         self._suspect.set()
 
     async def _probe_forever(self) -> None:
-        while True:
+        # Every task loop of the backend also checks _stopped: on Python 3.11 a
+        # cancellation that lands as an asyncio.timeout expires can be swallowed (turned
+        # into TimeoutError), and stop() would then wait for the task for ever.
+        while not self._stopped:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_PROBE_INTERVAL):
                     await self._suspect.wait()
@@ -913,7 +920,7 @@ class RedisBackend:
 
     async def _supervise(self) -> None:
         delay = self.reconnect_min
-        while True:
+        while not self._stopped:
             conn = self._pubsub
             if conn is None:
                 try:
@@ -1087,7 +1094,7 @@ class RedisBackend:
     # -- internals: heartbeat and node state ----------------------------------------------
 
     async def _heartbeat_forever(self) -> None:
-        while True:
+        while not self._stopped:
             await asyncio.sleep(self.heartbeat_interval)
             if not self._ready:
                 continue

@@ -507,7 +507,7 @@ class RedisClusterBackend(RedisBackend):
 
     async def _supervise(self) -> None:
         delay = self.reconnect_min
-        while True:
+        while not self._stopped:
             if not self._ready:
                 try:
                     await self._connect()
