@@ -82,27 +82,21 @@ from ag_ui.core import (
 )
 from ag_ui.encoder import EventEncoder
 from pydantic import ValidationError
-from redis.exceptions import RedisError
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
-from agent_core.app.runs import RunHandle, RunRefused, RunRequest, SessionBusy
+from agent_core.app._streams import FeedResponse, RunHost, error, start_run
+from agent_core.app.runs import RunHandle, RunRequest
 from broadcaster import envelope as env
 from broadcaster.backends.base import BackendUnavailable
 from broadcaster.http_input import BodyRefused, describe_validation, read_body, validation_details
-from broadcaster.node import Node
 from broadcaster.publication import Position
 from broadcaster.publishers import state_key
 from broadcaster.sessions import (
-    bearer_token,
-    private_session_exists,
     session_token,
-    token_grants,
 )
-from broadcaster.settings import AppConfig
-from broadcaster.sse import HEARTBEAT, MEDIA_TYPE, ChannelFeed, FeedItem
+from broadcaster.sse import HEARTBEAT, ChannelFeed, FeedItem
 
 __all__ = ["AGUI_PATH", "CONTINUATION_EVENT", "AguiMapper", "InvalidInput", "routes", "run_request"]
 
@@ -348,10 +342,6 @@ def _millis(timestamp: str) -> int:
 # -- the endpoint ---------------------------------------------------------------------
 
 
-class _Runs(Protocol):
-    async def start(self, request: RunRequest, client: str | None = None) -> RunHandle: ...
-
-
 class _Settings(Protocol):
     @property
     def private_sessions(self) -> bool: ...
@@ -360,20 +350,11 @@ class _Settings(Protocol):
     def agui_path(self) -> str: ...
 
 
-class Host(Protocol):
+class Host(RunHost, Protocol):
     """What the endpoint needs from the extension that serves it (the demo)."""
 
     @property
-    def node(self) -> Node: ...
-
-    @property
-    def app(self) -> AppConfig: ...
-
-    @property
     def settings(self) -> _Settings: ...
-
-    @property
-    def runs(self) -> _Runs | None: ...
 
 
 SnapshotLoader = Callable[[], Awaitable[Any]]
@@ -395,44 +376,19 @@ async def _run(host: Host, request: Request) -> Response:
         agent_input = RunAgentInput.model_validate(orjson.loads(body))
         wanted = run_request(agent_input)
     except BodyRefused as exc:
-        return _error(exc.status, exc.message)
+        return error(exc.status, exc.message)
     except orjson.JSONDecodeError as exc:
-        return _error(422, f"the body must be a JSON RunAgentInput: {exc}")
+        return error(422, f"the body must be a JSON RunAgentInput: {exc}")
     except ValidationError as exc:
         message = describe_validation(exc, "RunAgentInput")
-        return _error(422, message, details=validation_details(exc))
+        return error(422, message, details=validation_details(exc))
     except InvalidInput as exc:
-        return _error(422, f"invalid RunAgentInput: {exc}")
-    session_id = agent_input.thread_id
-    try:
-        refused = await _refused(host, request, session_id)
-        if refused is not None:
-            return refused
-        assert host.runs is not None, "the lifespan starts the runs"
-        client = None if request.client is None else request.client.host
-        handle = await host.runs.start(wanted, client)
-    except SessionBusy as exc:
-        return _error(409, str(exc), session_id=exc.session_id)
-    except RunRefused as exc:  # per-client limits, a full node or queue
-        return JSONResponse(exc.answer, status_code=exc.status, headers=exc.headers)
-    except (BackendUnavailable, RedisError, OSError) as exc:
-        return _error(503, f"cannot start the run now: {exc}")
+        return error(422, f"invalid RunAgentInput: {exc}")
+    started = await start_run(host, request, agent_input.thread_id, wanted, "thread")
+    if isinstance(started, Response):
+        return started
+    handle = started
     return _stream(host, agent_input.run_id, handle)
-
-
-async def _refused(host: Host, request: Request, session_id: str) -> Response | None:
-    """403 for a private session that exists, unless the request has its token."""
-    if not host.settings.private_sessions or token_grants(
-        host.app, bearer_token(request), session_id
-    ):
-        return None
-    if not await private_session_exists(host.node, host.app, session_id):
-        return None  # a new thread: its token comes back with the stream
-    return _error(
-        403,
-        f"thread {session_id!r} is a private session: send its session token as "
-        "'Authorization: Bearer <token>' (X-Session-Token of the run that started it)",
-    )
 
 
 def _stream(host: Host, run_id: str, handle: RunHandle) -> Response:
@@ -457,32 +413,7 @@ def _stream(host: Host, run_id: str, handle: RunHandle) -> Response:
 
     heartbeat = host.node.settings.sse_heartbeat
     body = _events(feed, mapper, handle.execution_id, snapshot, heartbeat)
-    return _AguiResponse(feed, body, headers)
-
-
-class _AguiResponse(Response):
-    """Opens the feed before answering (503 if it cannot), closes it at the end."""
-
-    def __init__(
-        self, feed: ChannelFeed, body: AsyncIterator[bytes], headers: dict[str, str]
-    ) -> None:
-        super().__init__(media_type=MEDIA_TYPE)
-        self.feed = feed
-        self.body_iterator = body
-        self.stream_headers = headers
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await self.feed.__aenter__()
-        except BackendUnavailable as exc:
-            message = f"the run started but its events cannot be followed now: {exc}"
-            await _error(503, message)(scope, receive, send)
-            return
-        try:
-            response = StreamingResponse(self.body_iterator, 200, self.stream_headers, MEDIA_TYPE)
-            await response(scope, receive, send)
-        finally:
-            await self.feed.aclose()
+    return FeedResponse(feed, body, headers, "the run started but its events")
 
 
 async def _events(
@@ -535,7 +466,3 @@ async def _translate(
         except BackendUnavailable as exc:
             logger.warning("no final state for %s: %s", envelope.session_id, exc)
     return mapper.feed(envelope, state)
-
-
-def _error(status: int, message: str, **extra: Any) -> JSONResponse:
-    return JSONResponse({"error": message, **extra}, status_code=status)

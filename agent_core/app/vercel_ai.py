@@ -61,28 +61,22 @@ from typing import Any, Literal, Protocol, assert_never
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from redis.exceptions import RedisError
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
-from agent_core.app.runs import RunHandle, RunRefused, RunRequest, SessionBusy
+from agent_core.app._streams import FeedResponse, RunHost, error, start_run
+from agent_core.app.runs import RunRequest
 from broadcaster import envelope as env
 from broadcaster.backends.base import Backend, BackendUnavailable
 from broadcaster.http_input import BodyRefused, describe_validation, read_body, validation_details
-from broadcaster.node import Node
 from broadcaster.publication import Position
 from broadcaster.publishers import state_key
 from broadcaster.sessions import (
     SessionRefused,
-    bearer_token,
-    private_session_exists,
     session_channel,
     session_token,
-    token_grants,
 )
-from broadcaster.settings import AppConfig
 from broadcaster.sse import HEARTBEAT, ChannelFeed, FeedItem, resume_position
 
 __all__ = [
@@ -316,10 +310,6 @@ class UIMessageStreamMapper:
 # -- the endpoints --------------------------------------------------------------------
 
 
-class _Runs(Protocol):
-    async def start(self, request: RunRequest, client: str | None = None) -> RunHandle: ...
-
-
 class _Settings(Protocol):
     @property
     def private_sessions(self) -> bool: ...
@@ -328,20 +318,11 @@ class _Settings(Protocol):
     def vercel_ai_path(self) -> str: ...
 
 
-class Host(Protocol):
-    """What the endpoints need from the extension that serves them (the demo)."""
-
-    @property
-    def node(self) -> Node: ...
-
-    @property
-    def app(self) -> AppConfig: ...
+class Host(RunHost, Protocol):
+    """What the endpoint needs from the extension that serves it (the demo)."""
 
     @property
     def settings(self) -> _Settings: ...
-
-    @property
-    def runs(self) -> _Runs | None: ...
 
 
 SnapshotLoader = Callable[[str], Awaitable[Any]]
@@ -370,28 +351,17 @@ async def _chat(host: Host, request: Request) -> Response:
         chat = ChatRequest.model_validate(orjson.loads(body))
         wanted = chat.run_request()
     except BodyRefused as exc:
-        return _error(exc.status, exc.message)
+        return error(exc.status, exc.message)
     except orjson.JSONDecodeError as exc:
-        return _error(422, f"the body must be a JSON chat request: {exc}")
+        return error(422, f"the body must be a JSON chat request: {exc}")
     except ValidationError as exc:
-        return _error(
-            422, describe_validation(exc, "chat request"), details=validation_details(exc)
-        )
+        return error(422, describe_validation(exc, "chat request"), details=validation_details(exc))
     except ValueError as exc:
-        return _error(422, f"invalid chat request: {exc}")
-    try:
-        refused = await _refused(host, request, chat.id)
-        if refused is not None:
-            return refused
-        assert host.runs is not None, "the lifespan starts the runs"
-        client = None if request.client is None else request.client.host
-        handle = await host.runs.start(wanted, client)
-    except SessionBusy as exc:
-        return _error(409, str(exc), session_id=exc.session_id)
-    except RunRefused as exc:
-        return JSONResponse(exc.answer, status_code=exc.status, headers=exc.headers)
-    except (BackendUnavailable, RedisError, OSError) as exc:
-        return _error(503, f"cannot start the run now: {exc}")
+        return error(422, f"invalid chat request: {exc}")
+    started = await start_run(host, request, chat.id, wanted, "chat")
+    if isinstance(started, Response):
+        return started
+    handle = started
     since = None if handle.position is None else Position.parse(handle.position)
     return _stream(host, handle.session_id, handle.channel, since, handle.execution_id)
 
@@ -407,11 +377,11 @@ async def _follow(host: Host, request: Request) -> Response:
         async with asyncio.timeout(settings.history_read_timeout):
             run = await active_run(host.node.backend, host.app.id, channel, settings.history_size)
     except SessionRefused as exc:
-        return _error(exc.status, str(exc))
+        return error(exc.status, str(exc))
     except BackendUnavailable as exc:
-        return _error(503, str(exc))
+        return error(503, str(exc))
     except TimeoutError:
-        return _error(503, f"the history of {channel!r} could not be read in time")
+        return error(503, f"the history of {channel!r} could not be read in time")
     if run is None:
         return Response(status_code=204)  # DefaultChatTransport: "no active stream"
     if run.start is None:
@@ -473,21 +443,6 @@ def _lost_start(host: Host, session_id: str, channel: str, execution_id: str) ->
                     "text/event-stream")  # fmt: skip
 
 
-async def _refused(host: Host, request: Request, session_id: str) -> Response | None:
-    """403 for a private session that exists, unless the request has its token."""
-    if not host.settings.private_sessions or token_grants(
-        host.app, bearer_token(request), session_id
-    ):
-        return None
-    if not await private_session_exists(host.node, host.app, session_id):
-        return None
-    return _error(
-        403,
-        f"chat {session_id!r} is a private session: send its session token as "
-        "'Authorization: Bearer <token>' (X-Session-Token of the run that started it)",
-    )
-
-
 def _headers(host: Host, session_id: str) -> dict[str, str]:
     headers = dict(HEADERS)
     if host.settings.private_sessions:
@@ -516,33 +471,7 @@ def _stream(
     info = {"session_id": session_id, "channel": channel}
     heartbeat = host.node.settings.sse_heartbeat
     body = _chunks(feed, info, execution_id, snapshot, heartbeat, mid_run)
-    return _FeedResponse(feed, body, headers)
-
-
-class _FeedResponse(Response):
-    """Opens the feed before answering (503 if it cannot), closes it at the end."""
-
-    def __init__(
-        self, feed: ChannelFeed, body: AsyncIterator[bytes], headers: dict[str, str]
-    ) -> None:
-        super().__init__(media_type="text/event-stream")
-        self.feed = feed
-        self.body_iterator = body
-        self.stream_headers = headers
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await self.feed.__aenter__()
-        except BackendUnavailable as exc:
-            message = f"the session's events cannot be followed now: {exc}"
-            await _error(503, message)(scope, receive, send)
-            return
-        try:
-            media = "text/event-stream"
-            response = StreamingResponse(self.body_iterator, 200, self.stream_headers, media)
-            await response(scope, receive, send)
-        finally:
-            await self.feed.aclose()
+    return FeedResponse(feed, body, headers, "the session's events")
 
 
 async def _chunks(
@@ -619,7 +548,3 @@ async def _translate(
 
 def _encode(chunks: list[Chunk]) -> bytes:
     return b"".join(encode_chunk(chunk) for chunk in chunks)
-
-
-def _error(status: int, message: str, **extra: Any) -> JSONResponse:
-    return JSONResponse({"error": message, **extra}, status_code=status)

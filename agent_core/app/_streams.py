@@ -1,0 +1,121 @@
+"""What the HTTP streaming doors (AG-UI, the Vercel AI SDK stream) share: starting a run
+for a request with every refusal mapped to its status, and a streaming response that
+opens its channel feed before answering."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from redis.exceptions import RedisError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from agent_core.app.runs import RunHandle, RunRefused, RunRequest, SessionBusy
+from broadcaster.backends.base import BackendUnavailable
+from broadcaster.node import Node
+from broadcaster.sessions import bearer_token, private_session_exists, token_grants
+from broadcaster.settings import AppConfig
+from broadcaster.sse import ChannelFeed
+
+__all__ = ["FeedResponse", "RunHost", "error", "start_run"]
+
+
+class _Runs(Protocol):
+    async def start(self, request: RunRequest, client: str | None = None) -> RunHandle: ...
+
+
+class _Settings(Protocol):
+    @property
+    def private_sessions(self) -> bool: ...
+
+
+class RunHost(Protocol):
+    """What starting a run needs from the extension that serves the door (the demo)."""
+
+    @property
+    def node(self) -> Node: ...
+
+    @property
+    def app(self) -> AppConfig: ...
+
+    @property
+    def settings(self) -> _Settings: ...
+
+    @property
+    def runs(self) -> _Runs | None: ...
+
+
+def error(status: int, message: str, **extra: Any) -> JSONResponse:
+    """A JSON error answer: ``{"error": message, ...extra}``."""
+    return JSONResponse({"error": message, **extra}, status_code=status)
+
+
+async def start_run(
+    host: RunHost, request: Request, session_id: str, wanted: RunRequest, kind: str
+) -> RunHandle | Response:
+    """Start ``wanted`` on ``session_id`` for ``request``; the refusal to answer instead:
+    403 (someone else's private session; ``kind`` names it, e.g. "thread"), 409 (busy),
+    429/503 with ``Retry-After`` (limits), 503 (backend down)."""
+    try:
+        refused = await _refused(host, request, session_id, kind)
+        if refused is not None:
+            return refused
+        assert host.runs is not None, "the lifespan starts the runs"
+        client = None if request.client is None else request.client.host
+        return await host.runs.start(wanted, client)
+    except SessionBusy as exc:
+        return error(409, str(exc), session_id=exc.session_id)
+    except RunRefused as exc:  # per-client limits, a full node or queue
+        return JSONResponse(exc.answer, status_code=exc.status, headers=exc.headers)
+    except (BackendUnavailable, RedisError, OSError) as exc:
+        return error(503, f"cannot start the run now: {exc}")
+
+
+async def _refused(host: RunHost, request: Request, session_id: str, kind: str) -> Response | None:
+    """403 for a private session that exists, unless the request has its token."""
+    if not host.settings.private_sessions or token_grants(
+        host.app, bearer_token(request), session_id
+    ):
+        return None
+    if not await private_session_exists(host.node, host.app, session_id):
+        return None  # a new session: its token comes back with the stream
+    return error(
+        403,
+        f"{kind} {session_id!r} is a private session: send its session token as "
+        "'Authorization: Bearer <token>' (X-Session-Token of the run that started it)",
+    )
+
+
+class FeedResponse(Response):
+    """Opens the feed before answering (503, saying ``what`` cannot be followed, if it
+    cannot), streams ``body``, and closes the feed at the end."""
+
+    def __init__(
+        self,
+        feed: ChannelFeed,
+        body: AsyncIterator[bytes],
+        headers: dict[str, str],
+        what: str,
+    ) -> None:
+        super().__init__(media_type="text/event-stream")
+        self.feed = feed
+        self.body_iterator = body
+        self.stream_headers = headers
+        self.what = what
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.feed.__aenter__()
+        except BackendUnavailable as exc:
+            message = f"{self.what} cannot be followed now: {exc}"
+            await error(503, message)(scope, receive, send)
+            return
+        try:
+            response = StreamingResponse(
+                self.body_iterator, 200, self.stream_headers, "text/event-stream"
+            )
+            await response(scope, receive, send)
+        finally:
+            await self.feed.aclose()
