@@ -19,7 +19,7 @@ from broadcaster.sessions import bearer_token, private_session_exists, token_gra
 from broadcaster.settings import AppConfig
 from broadcaster.sse import ChannelFeed
 
-__all__ = ["FeedResponse", "RunHost", "error", "start_run"]
+__all__ = ["FeedResponse", "RunHost", "json_error", "start_run"]
 
 
 class _Runs(Protocol):
@@ -47,7 +47,7 @@ class RunHost(Protocol):
     def runs(self) -> _Runs | None: ...
 
 
-def error(status: int, message: str, **extra: Any) -> JSONResponse:
+def json_error(status: int, message: str, **extra: Any) -> JSONResponse:
     """A JSON error answer: ``{"error": message, ...extra}``."""
     return JSONResponse({"error": message, **extra}, status_code=status)
 
@@ -66,11 +66,11 @@ async def start_run(
         client = None if request.client is None else request.client.host
         return await host.runs.start(wanted, client)
     except SessionBusy as exc:
-        return error(409, str(exc), session_id=exc.session_id)
+        return json_error(409, str(exc), session_id=exc.session_id)
     except RunRefused as exc:  # per-client limits, a full node or queue
         return JSONResponse(exc.answer, status_code=exc.status, headers=exc.headers)
     except (BackendUnavailable, RedisError, OSError) as exc:
-        return error(503, f"cannot start the run now: {exc}")
+        return json_error(503, f"cannot start the run now: {exc}")
 
 
 async def _refused(host: RunHost, request: Request, session_id: str, kind: str) -> Response | None:
@@ -81,7 +81,7 @@ async def _refused(host: RunHost, request: Request, session_id: str, kind: str) 
         return None
     if not await private_session_exists(host.node, host.app, session_id):
         return None  # a new session: its token comes back with the stream
-    return error(
+    return json_error(
         403,
         f"{kind} {session_id!r} is a private session: send its session token as "
         "'Authorization: Bearer <token>' (X-Session-Token of the run that started it)",
@@ -110,7 +110,7 @@ class FeedResponse(Response):
             await self.feed.__aenter__()
         except BackendUnavailable as exc:
             message = f"{self.what} cannot be followed now: {exc}"
-            await error(503, message)(scope, receive, send)
+            await json_error(503, message)(scope, receive, send)
             return
         try:
             response = StreamingResponse(

@@ -86,7 +86,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent_core.app._streams import FeedResponse, RunHost, error, start_run
+from agent_core.app._streams import FeedResponse, RunHost, json_error, start_run
 from agent_core.app.runs import RunHandle, RunRequest
 from broadcaster import envelope as env
 from broadcaster.backends.base import BackendUnavailable
@@ -376,14 +376,14 @@ async def _run(host: Host, request: Request) -> Response:
         agent_input = RunAgentInput.model_validate(orjson.loads(body))
         wanted = run_request(agent_input)
     except BodyRefused as exc:
-        return error(exc.status, exc.message)
+        return json_error(exc.status, exc.message)
     except orjson.JSONDecodeError as exc:
-        return error(422, f"the body must be a JSON RunAgentInput: {exc}")
+        return json_error(422, f"the body must be a JSON RunAgentInput: {exc}")
     except ValidationError as exc:
         message = describe_validation(exc, "RunAgentInput")
-        return error(422, message, details=validation_details(exc))
+        return json_error(422, message, details=validation_details(exc))
     except InvalidInput as exc:
-        return error(422, f"invalid RunAgentInput: {exc}")
+        return json_error(422, f"invalid RunAgentInput: {exc}")
     started = await start_run(host, request, agent_input.thread_id, wanted, "thread")
     if isinstance(started, Response):
         return started

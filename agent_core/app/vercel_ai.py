@@ -65,7 +65,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent_core.app._streams import FeedResponse, RunHost, error, start_run
+from agent_core.app._streams import FeedResponse, RunHost, json_error, start_run
 from agent_core.app.runs import RunRequest
 from broadcaster import envelope as env
 from broadcaster.backends.base import Backend, BackendUnavailable
@@ -351,13 +351,15 @@ async def _chat(host: Host, request: Request) -> Response:
         chat = ChatRequest.model_validate(orjson.loads(body))
         wanted = chat.run_request()
     except BodyRefused as exc:
-        return error(exc.status, exc.message)
+        return json_error(exc.status, exc.message)
     except orjson.JSONDecodeError as exc:
-        return error(422, f"the body must be a JSON chat request: {exc}")
+        return json_error(422, f"the body must be a JSON chat request: {exc}")
     except ValidationError as exc:
-        return error(422, describe_validation(exc, "chat request"), details=validation_details(exc))
+        return json_error(
+            422, describe_validation(exc, "chat request"), details=validation_details(exc)
+        )
     except ValueError as exc:
-        return error(422, f"invalid chat request: {exc}")
+        return json_error(422, f"invalid chat request: {exc}")
     started = await start_run(host, request, chat.id, wanted, "chat")
     if isinstance(started, Response):
         return started
@@ -377,11 +379,11 @@ async def _follow(host: Host, request: Request) -> Response:
         async with asyncio.timeout(settings.history_read_timeout):
             run = await active_run(host.node.backend, host.app.id, channel, settings.history_size)
     except SessionRefused as exc:
-        return error(exc.status, str(exc))
+        return json_error(exc.status, str(exc))
     except BackendUnavailable as exc:
-        return error(503, str(exc))
+        return json_error(503, str(exc))
     except TimeoutError:
-        return error(503, f"the history of {channel!r} could not be read in time")
+        return json_error(503, f"the history of {channel!r} could not be read in time")
     if run is None:
         return Response(status_code=204)  # DefaultChatTransport: "no active stream"
     if run.start is None:
