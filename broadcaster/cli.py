@@ -63,6 +63,12 @@ def main() -> None:
 @click.option(
     "--history-read-timeout", type=float, help="Seconds a resume's history read may take [10]."
 )
+@click.option(
+    "--redis-read-delay",
+    type=float,
+    help="Latency budget: seconds Redis pub/sub is left unread after each read, to "
+    "deliver what arrives meanwhile in one pass; 0 is off [0.002].",
+)
 @click.option("--redis-prefix", help=f"Prefix of every Redis key [{DEFAULT_REDIS_PREFIX}].")
 @click.option("--shutdown-timeout", type=float, help="Seconds a graceful shutdown may take [10].")
 @click.option("--metrics/--no-metrics", default=None, help="Serve /metrics [on].")

@@ -440,6 +440,7 @@ def _backend_for(settings: Settings, apps: Sequence[AppConfig]) -> Backend:
     }
     if not settings.backend.startswith("memory"):
         options["prefix"] = settings.redis_prefix
+        options["read_delay"] = settings.redis_read_delay
     return create_backend(settings.backend, **options)
 
 

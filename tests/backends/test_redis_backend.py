@@ -340,3 +340,87 @@ async def test_a_malformed_message_is_dropped_and_delivery_goes_on(
     await eventually(lambda: bool(node.controls), "the valid control message")
     assert [p.data for p in node.on("chat")] == ["fine"]
     assert node.controls == [(APP, {"type": "fine"})]
+
+
+async def test_with_a_read_delay_what_arrives_meanwhile_is_read_in_one_pass(
+    redis_server: RedisServer, cluster: Callable[..., Any]
+) -> None:
+    # A long delay (1 s) makes the batch certain on a loaded machine: the 50
+    # publications below are sent within it, so they are read together.
+    node = await cluster(redis_server.url, read_delay=1.0)
+    await node.backend.subscribe(APP, "chat")
+    reader = node.backend._reader
+    assert reader is not None
+    reads = 0
+    received = reader.data_received
+
+    def counting_reads(data: bytes) -> None:
+        nonlocal reads
+        reads += 1
+        received(data)
+
+    reader.data_received = counting_reads  # type: ignore[method-assign]
+    client = Redis.from_url(redis_server.url)
+    try:
+        channel = publication_channel(node.backend.prefix, APP, "chat")
+        await publish_via_redis(client, node.backend.prefix, pub("first"))
+        await node.wait_for("chat", 1)
+        for i in range(50):  # one at a time: each reaches the node in its own packet
+            await client.publish(channel, orjson_payload(i))
+    finally:
+        await client.aclose()
+
+    await node.wait_for("chat", 51)
+    assert [p.data for p in node.on("chat")] == ["first", *(f"n{i}" for i in range(50))]
+    assert reads <= 3  # "first" alone, then the 50 together (a split read at most)
+
+
+def orjson_payload(i: int) -> bytes:
+    return b'[1,"%s","chat","agent.event","n%d",null,null]' % (APP.encode(), i)
+
+
+async def test_an_error_reply_on_the_pubsub_connection_makes_the_node_reconnect() -> None:
+    from broadcaster.backends.redis import PubSubReader
+
+    served = asyncio.Event()
+
+    async def serve(stream: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"*3\r\n$9\r\nsubscribe\r\n$1\r\na\r\n:1\r\n-NOPERM no access\r\n")
+        await writer.drain()
+        await stream.read()  # until the reader drops the connection
+        writer.close()
+        await writer.wait_closed()
+        served.set()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    replies: list[Any] = []
+    reader = PubSubReader(replies.append)
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.create_connection(lambda: reader, "127.0.0.1", port)
+        lost = await asyncio.wait_for(reader.lost, 5)
+        await asyncio.wait_for(served.wait(), 5)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert replies == [[b"subscribe", b"a", 1]]
+    assert "NOPERM no access" in str(lost)
+
+
+def test_the_pubsub_reader_refuses_a_connection_it_cannot_take_over() -> None:
+    from broadcaster.backends.redis import PubSubReader, take_over
+
+    class Unknown:
+        pass
+
+    async def attempt() -> None:
+        with pytest.raises(RuntimeError, match="no _reader/_writer streams"):
+            take_over(Unknown(), PubSubReader(lambda reply: None))  # type: ignore[arg-type]
+
+    asyncio.run(attempt())
+
+
+def test_the_read_delay_is_validated() -> None:
+    with pytest.raises(ValueError, match="read_delay must be 0-1 seconds"):
+        RedisBackend("redis://localhost", read_delay=2)
