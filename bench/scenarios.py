@@ -307,9 +307,11 @@ async def _stream(
     rate: float | None,
     duration: float = 0,
     tasks: int = 1,
+    equal_rate: bool = False,
 ) -> Result:
     """Publish on ``pub_channels`` to clients of ``client_channels``: ``rate`` per second
-    for ``duration`` seconds (paced), or with ``rate`` None as fast as delivered (credit)."""
+    for ``duration`` seconds (paced), or with ``rate`` None as fast as delivered (credit).
+    With ``equal_rate``, a publisher that fell behind the rate fails the run."""
     sizes = ctx.sizes
     paced = rate is not None
     gens = await _loadgens(ctx, client_channels, latency=True)
@@ -378,15 +380,15 @@ async def _stream(
         "steal_cpu_pct": round(100 * cpu["steal"] / wall, 1),
     }
     if paced:
-        result |= _pace(pub, done, rate or 0)
+        result |= _pace(pub, done, rate or 0, equal_rate)
     return result | {k: v for k, v in stats.items() if k != "received"}
 
 
-def _pace(pub: Child, done: Result, rate: float) -> Result:
-    """The rate the publisher achieved; a publisher more than 3% behind fails the run
-    (the servers would not be compared at the same rate)."""
+def _pace(pub: Child, done: Result, rate: float, strict: bool) -> Result:
+    """The rate the publisher achieved; with ``strict``, a publisher more than 3% behind
+    fails the run (the servers would not be compared at the same rate)."""
     achieved = done["total"] / done["seconds"] if done.get("seconds") else 0.0
-    if achieved < 0.97 * rate:
+    if strict and achieved < 0.97 * rate:
         raise pub.failure(
             f"the publisher fell behind: {achieved:,.0f} of {rate:,.0f} publications/s "
             f"(lagged up to {done.get('lag_ms')} ms); rerun on a quieter machine or lower "
@@ -429,7 +431,7 @@ async def channels(ctx: Ctx) -> Result:
     names = [f"agent.bench-{i}" for i in range(sizes.channels)]
     rate = sizes.channels_rate or None
     result = await _stream(
-        ctx, "channels", names, names, rate=rate, duration=sizes.duration, tasks=4
+        ctx, "channels", names, names, rate=rate, duration=sizes.duration, tasks=4, equal_rate=True
     )
     if ctx.spec.publisher == "broadcaster":
         result["history_len"] = await _history_len(ctx, names[0])
