@@ -86,6 +86,7 @@ _COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("at sessions", "at_sessions"),
         ("p50 ms", "latency_ms.p50"),
         ("p99 ms", "latency_ms.p99"),
+        ("publish-side p99", "publish_side_ms.p99"),
         ("publisher us/envelope", "publisher_cpu_us_per_envelope"),
         ("server CPU%", "server_cpu_pct"),
         ("lost", "lost"),

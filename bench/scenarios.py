@@ -31,11 +31,14 @@ import itertools
 import json
 import math
 import os
+import re
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +80,7 @@ class Sizes:
     agents: tuple[int, ...] = (50, 100, 200, 400, 800, 1600)
     agents_duration: float = 5.0  # seconds each session streams
     agents_rate: float = 20  # text chunks per second per session
-    agents_per_proc: int = 100  # sessions per publishing process
+    agents_per_proc: int = 25  # sessions per publishing process (a worker runs 8 by default)
     http_workers: int = 8
     http_duration: float = 4.0
     http_batch: int = 10
@@ -514,6 +517,7 @@ def _source_addresses(n: int) -> list[str]:
     return [f"127.0.0.{2 + next(_next_address) % 250}" for _ in range(count)]
 
 
+_TAPPED = 5  # sessions whose publications the bench reads from Redis itself
 AGENT_P99_MS = 50.0  # the capacity figure counts steps whose p99 is within this
 _SATURATED_PCT = 90.0  # server CPU (% of one core) at which stepping stops
 
@@ -536,7 +540,12 @@ async def agents(ctx: Ctx) -> Result:
             break
     passing = [s for s in steps if s["ok"]]
     best = passing[-1] if passing else steps[0]
-    figures = ("server_cpu_us_per_envelope", "publisher_cpu_us_per_envelope", "latency_ms")
+    figures = (
+        "server_cpu_us_per_envelope",
+        "publisher_cpu_us_per_envelope",
+        "latency_ms",
+        "publish_side_ms",
+    )
     result: Result = {
         "server": ctx.spec.name,
         "scenario": "agents",
@@ -559,6 +568,63 @@ async def agents(ctx: Ctx) -> Result:
     return result
 
 
+class RedisTap:
+    """Listens on the Redis channels of a few sessions and measures how long their
+    chunk envelopes took from the adapter's timestamp to leaving Redis: the publishing
+    side's share of the latency (its buffer and round trip), apart from the server's."""
+
+    _STAMP = re.compile(rb'timestamp\\?":\\?"([0-9T:.-]+)Z')
+
+    def __init__(self, url: str, channels: Sequence[str]) -> None:
+        from redis.asyncio import Redis
+
+        self.client = Redis.from_url(url)
+        self.pubsub = self.client.pubsub()
+        self.channels = list(channels)
+        self.samples: list[float] = []
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> RedisTap:
+        await self.pubsub.subscribe(*self.channels)
+        self.task = asyncio.create_task(self._read())
+        return self
+
+    async def _read(self) -> None:
+        while True:
+            message = await self.pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+            data = message["data"] if message else b""
+            if b"chunk_index" in data and (found := self._STAMP.search(data)):
+                sent = datetime.fromisoformat(found.group(1).decode() + "+00:00").timestamp()
+                self.samples.append((time.time() - sent) * 1000 - 0.5)
+
+    async def stop(self) -> Result | None:
+        """p50/p99 ms of what was seen (None if nothing was); idempotent."""
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+            self.task = None
+            await self.pubsub.aclose()  # type: ignore[no-untyped-call]
+            await self.client.aclose()
+        if not self.samples:
+            return None
+        ordered = sorted(self.samples)
+        pick = [ordered[min(len(ordered) - 1, int(p * len(ordered)))] for p in (0.5, 0.99)]
+        return {"n": len(ordered), "p50": round(pick[0], 3), "p99": round(pick[1], 3)}
+
+
+def _redis_channel(spec: ServerSpec, channel: str) -> str:
+    """Where ``spec``'s publisher puts ``channel``'s publications in Redis."""
+    if spec.publisher == "plain":
+        return f"bench:{channel}"
+    if spec.publisher == "socketio":
+        return f"socket.io#/#{channel}#"
+    from broadcaster.backends.base import DEFAULT_REDIS_PREFIX
+    from broadcaster.backends.redis import publication_channel
+
+    return publication_channel(DEFAULT_REDIS_PREFIX, APP["id"], channel)
+
+
 async def _agents_step(ctx: Ctx, k: int, sessions: int) -> Result:
     sizes = ctx.sizes
     names = [f"bench-{k}-{i}" for i in range(sessions)]
@@ -567,6 +633,7 @@ async def _agents_step(ctx: Ctx, k: int, sessions: int) -> Result:
     gens = await _loadgens(ctx, viewers, procs=gen_procs, stamp="timestamp", firstSeq=0)
     procs = math.ceil(sessions / sizes.agents_per_proc)
     pubs: list[Child] = []
+    tap: RedisTap | None = None
     try:
         for i in range(procs):
             cfg = {
@@ -580,6 +647,8 @@ async def _agents_step(ctx: Ctx, k: int, sessions: int) -> Result:
             argv = [sys.executable, "-m", "bench.agents", json.dumps(cfg)]
             pubs.append(await Child(f"agents-{i}", argv).start())
         await asyncio.gather(*(p.expect("ready", 30) for p in pubs))
+        sampled = [_redis_channel(ctx.spec, f"agent.{n}") for n in names[:_TAPPED]]
+        tap = await RedisTap(ctx.redis.url, sampled).start()
         meter = Meter(
             {
                 "server": [ctx.server.pid],
@@ -599,10 +668,14 @@ async def _agents_step(ctx: Ctx, k: int, sessions: int) -> Result:
         expected = sum(n * viewers_of[ch] for ch, n in published.items())
         await _drain(gens, expected)
         wall, cpu = meter.stop()
+        publish_side = await tap.stop()
         stats = await _stats(gens, published)
     finally:
+        if tap is not None:
+            await tap.stop()
         await _close([*gens, *pubs])
-    return _agents_figures(sessions, len(viewers), procs, dones, stats, wall, cpu)
+    figures = _agents_figures(sessions, len(viewers), procs, dones, stats, wall, cpu)
+    return figures | {"publish_side_ms": publish_side}
 
 
 def _agents_figures(

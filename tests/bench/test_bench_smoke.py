@@ -125,4 +125,5 @@ def test_smallest_channels_idle_and_agents_runs_count_every_delivery() -> None:
     assert step["chunks"] > 0
     assert step["envelopes"] > step["chunks"]  # statuses, steps and tools too
     assert step["delivered"] > 0
+    assert step["publish_side_ms"]["n"] > 0  # the bench read chunks off Redis itself
     assert step["lost"] == step["out_of_order"] == step["wrong_channel"] == step["dropped"] == 0
