@@ -176,26 +176,26 @@ async def _loadgens(
     **extra: Any,
 ) -> list[Child]:
     parts = [list(channels[i::procs]) for i in range(procs) if channels[i::procs]]
-    gens = []
+    gens: list[Child] = []
     configs = tempfile.TemporaryDirectory(prefix="bench-loadgen-")
-    for i, part in enumerate(parts):
-        cfg = {
-            "url": ctx.server.ws_url,
-            "protocol": ctx.spec.protocol,
-            "channels": part,
-            "subscribe": subscribe,
-            "latency": latency,
-            "concurrency": 100,
-            "sources": list(sources),
-            **extra,
-        }
-        text = json.dumps(cfg)
-        if len(text) > 100_000:  # one argument may not exceed 128 KB
-            path = Path(configs.name) / f"loadgen-{i}.json"
-            path.write_text(text)
-            text = f"@{path}"
-        gens.append(await Child(f"loadgen-{i}", ["node", LOADGEN, text]).start())
     try:
+        for i, part in enumerate(parts):
+            cfg = {
+                "url": ctx.server.ws_url,
+                "protocol": ctx.spec.protocol,
+                "channels": part,
+                "subscribe": subscribe,
+                "latency": latency,
+                "concurrency": 100,
+                "sources": list(sources),
+                **extra,
+            }
+            text = json.dumps(cfg)
+            if len(text) > 100_000:  # one argument may not exceed 128 KB
+                path = Path(configs.name) / f"loadgen-{i}.json"
+                path.write_text(text)
+                text = f"@{path}"
+            gens.append(await Child(f"loadgen-{i}", ["node", LOADGEN, text]).start())
         readies = await asyncio.gather(*(g.expect("ready", within) for g in gens))
     except BaseException:
         await _close(gens)
