@@ -3,10 +3,11 @@ the references, in sequence, one JSON line per run, then tables and the targets.
 
 Examples::
 
-    scripts/bench                                  # everything (about 5 minutes)
-    scripts/bench --quick                          # smaller and shorter (about 1.5 minutes)
+    scripts/bench                                  # everything (about 10 minutes)
+    scripts/bench --quick                          # smaller and shorter (about 2 minutes)
     scripts/bench --scenarios fanout --servers broadcaster,websockets
     scripts/bench --scenarios fanout --clients 5 --messages 200   # the smoke test's run
+    scripts/bench --scenarios agents --agent-sessions 50,100 --servers broadcaster
 """
 
 from __future__ import annotations
@@ -55,8 +56,20 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--messages", type=int, help="publish exactly N (fanout/channels)")
     parser.add_argument("--duration", type=float, help="seconds of publishing [5]")
     parser.add_argument("--channels", type=int, help="channels (and clients) in 'channels'")
+    parser.add_argument(
+        "--channels-rate",
+        type=int,
+        help="publications/s in 'channels', equal for every server; 0: maximum rate [4000]",
+    )
     parser.add_argument("--window", type=int, help="messages in flight at maximum rate [20000]")
-    parser.add_argument("--idle", type=int, help="connections in 'idle' [10000]")
+    parser.add_argument("--idle", type=int, help="connections in 'idle' [50000]")
+    parser.add_argument(
+        "--agent-sessions",
+        help="comma-separated session counts stepped in 'agents' [50,100,200,400,800,1600]",
+    )
+    parser.add_argument(
+        "--agent-duration", type=float, help="seconds each agent session streams [5]"
+    )
     parser.add_argument("--out", type=Path, help="results file [bench/results/<time>.json]")
     parser.add_argument(
         "--profile",
@@ -72,6 +85,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         if unknown or not chosen:
             parser.error(f"--{name}: unknown {unknown or 'empty'}; choose from {','.join(known)}")
         setattr(args, name, chosen)
+    if args.agent_sessions is not None:
+        try:
+            args.agent_sessions = tuple(int(n) for n in args.agent_sessions.split(","))
+        except ValueError:
+            args.agent_sessions = ()
+        if not args.agent_sessions or min(args.agent_sessions) < 1:
+            parser.error("--agent-sessions: comma-separated positive counts, e.g. 50,100,200")
     return args
 
 
@@ -82,8 +102,11 @@ def _sizes(args: argparse.Namespace) -> Sizes:
         "messages": args.messages,
         "duration": args.duration,
         "channels": args.channels,
+        "channels_rate": args.channels_rate,
         "idle": args.idle,
         "window": args.window,
+        "agents": args.agent_sessions,
+        "agents_duration": args.agent_duration,
     }
     return dataclasses.replace(sizes, **{k: v for k, v in changes.items() if v is not None})
 

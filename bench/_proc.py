@@ -26,6 +26,7 @@ __all__ = [
     "free_port",
     "machine_busy_seconds",
     "machine_cpu_seconds",
+    "open_file_limit",
     "raise_fd_limit",
     "rss_bytes",
 ]
@@ -68,6 +69,15 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise ChildFailed(f"no VmRSS in /proc/{pid}/status (process gone?)")
+
+
+def open_file_limit(pid: int) -> int:
+    """The soft open-file limit of process ``pid`` (``Max open files`` in /proc)."""
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft = line.split()[3]
+            return 1 << 30 if soft == "unlimited" else int(soft)
+    raise ChildFailed(f"no 'Max open files' in /proc/{pid}/limits")
 
 
 def free_port() -> int:

@@ -63,18 +63,33 @@ _COLUMNS: dict[str, list[tuple[str, str]]] = {
     "channels": [
         ("CPU us/msg", "server_cpu_us_per_msg"),
         ("msgs/s", "msgs_per_s"),
+        ("published/s", "publish_rate_achieved"),
+        ("p50 ms", "latency_ms.p50"),
+        ("p99 ms", "latency_ms.p99"),
         ("server CPU%", "server_cpu_pct"),
-        ("loadgen CPU%", "loadgen_cpu_pct"),
         ("publisher CPU%", "publisher_cpu_pct"),
         ("lost", "lost"),
         ("reordered", "out_of_order"),
     ],
     "idle": [
         ("KB/conn", "rss_kb_per_conn"),
+        ("connections", "connections"),
         ("KB/conn subscribed", "rss_kb_per_conn_subscribed"),
         ("connects/s", "connect_per_s"),
         ("CPU us/connect", "server_cpu_us_per_connect"),
         ("CPU us/subscribe", "server_cpu_us_per_subscribe"),
+    ],
+    "agents": [
+        ("CPU us/envelope", "server_cpu_us_per_envelope"),
+        ("sessions/core", "sessions_per_core"),
+        ("capacity", "capacity_sessions"),
+        ("at sessions", "at_sessions"),
+        ("p50 ms", "latency_ms.p50"),
+        ("p99 ms", "latency_ms.p99"),
+        ("publish-side p99", "publish_side_ms.p99"),
+        ("publisher us/envelope", "publisher_cpu_us_per_envelope"),
+        ("server CPU%", "server_cpu_pct"),
+        ("lost", "lost"),
     ],
     "http": [
         ("single req/s", "single_requests_per_s"),
@@ -197,6 +212,8 @@ def targets(results: Sequence[Result]) -> list[Target]:
             "{} KB",
         )
     )
+    found += _channels_targets(results)
+    found.append(_scale_target(results))
     bad = [
         f"{r['server']}/{r['scenario']}: lost {r.get('lost')}, reordered {r.get('out_of_order')}"
         for r in results
@@ -211,6 +228,51 @@ def targets(results: Sequence[Result]) -> list[Target]:
         )
     )
     return found
+
+
+def _channels_targets(results: Sequence[Result]) -> list[Target]:
+    """Issue 17's many-channels targets, at the same paced rate for every server."""
+    ours = _find(results, OURS, "channels")
+    paced = ours is not None and ours.get("publish_rate") is not None
+    rate = f"{ours['publish_rate']:,} msg/s" if ours is not None and paced else "equal rate"
+    name = f"(17) 1,000 channels at {rate}"
+    cpu = ratio(results, "channels", "server_cpu_us_per_msg", "socketio") if paced else None
+    history = _get(ours, "history_len") if paced else None
+    return [
+        _check(
+            f"{name}: CPU per delivered msg <= 0.6x socket.io", [cpu], lambda r: r <= 0.6, "{}x"
+        ),
+        _check(
+            f"{name}: p99 <= 10 ms",
+            [_get(ours, "latency_ms.p99") if paced else None],
+            lambda p99: p99 <= 10,
+            "{} ms",
+        ),
+        _check(
+            f"{name}: nothing lost, history and positions on",
+            [_get(ours, "lost") if paced else None, history],
+            lambda lost, entries: lost == 0 and entries > 0,
+            "lost {}, {} history entries in one channel",
+        ),
+    ]
+
+
+def _scale_target(results: Sequence[Result]) -> Target:
+    """Issue 17's scale figure: 50,000 idle connections on one node, against socket.io."""
+    ours = _find(results, OURS, "idle")
+    name = "(17) 50,000 idle connections on one node"
+    if ours is None or ours.get("connections_wanted", 0) < 50_000:
+        return Target(name, None, "not measured in this run (fewer connections asked for)")
+    kb = ratio(results, "idle", "rss_kb_per_conn", "socketio")
+    rate = ratio(results, "idle", "connect_per_s", "socketio")
+    detail = (
+        f"{ours['connections']:,} connected, {ours['rss_kb_per_conn']} KB each "
+        f"({kb}x socket.io), {ours['connect_per_s']:,} connects/s ({rate}x socket.io)"
+    )
+    if ours.get("connections", 0) < ours.get("connections_wanted", 0):
+        detail += f"; the open-file limit ({ours.get('server_fd_limit')}) allowed no more"
+    clean = not ours.get("subscribe_failed") and not ours.get("unexpected_closes")
+    return Target(name, ours["connections"] >= 50_000 and clean, detail)
 
 
 def noise(results: Sequence[Result], limit: float = 25) -> list[str]:

@@ -1,10 +1,19 @@
 "use strict";
 // WebSocket load generator for scripts/bench.
 //
-//   node loadgen.js '<json config>'
+//   node loadgen.js '<json config>'     (or @file: the config in a file)
 //
 // Config: {url, protocol: "pusher" | "socketio", channels: [one channel per client],
-//          subscribe: bool, concurrency: int, progressMs: int, latency: bool}
+//          subscribe: bool, concurrency: int, progressMs: int, latency: bool,
+//          sources: [local addresses, e.g. "127.0.0.2"; client i connects from i % n],
+//          stamp: "ts" | "timestamp", firstSeq: 1}
+//
+// stamp "ts" (default) reads the bench envelope's "ts=<microseconds>" chunk text;
+// "timestamp" reads the envelope's own "timestamp" (UTC, milliseconds: the moment the
+// agent adapter built it, just before publishing), for real agent envelopes. firstSeq is
+// the first sequence number (chunk_index) of a channel: 1 for the bench envelope, 0 for
+// the adapter's. Channel events without a chunk_index (other envelope types) are counted
+// as received, without order or latency.
 //
 // It opens one connection per entry of `channels` (at most `concurrency` handshakes at a
 // time), subscribes each to its channel, prints {"type":"ready"} and then counts channel
@@ -24,14 +33,22 @@ const readline = require("readline");
 const { monitorEventLoopDelay } = require("perf_hooks");
 const { nowMicros, sessionOf } = require("./envelope.js");
 
-const cfg = JSON.parse(process.argv[2]);
+// A long configuration comes in a file ("@path"): one argument may not exceed 128 KB.
+const arg = process.argv[2];
+const cfg = JSON.parse(arg.startsWith("@") ? require("fs").readFileSync(arg.slice(1)) : arg);
 const protocol = cfg.protocol;
 const concurrency = cfg.concurrency || 100;
 const progressMs = cfg.progressMs || 10;
 const keepLatency = cfg.latency !== false;
+const sources = cfg.sources || [];
+const byTimestamp = cfg.stamp === "timestamp";
+const firstSeq = cfg.firstSeq === undefined ? 1 : cfg.firstSeq;
 
 const SEQ = Buffer.from("chunk_index");
 const TS = Buffer.from("ts=");
+// Inside the event's data string the envelope's quotes are escaped: \"timestamp\":\"
+const TIMESTAMP = Buffer.from('timestamp\\":\\"');
+const TIMESTAMP_LENGTH = "2026-01-16T10:05:00.123Z".length;
 
 function out(obj) {
   process.stdout.write(JSON.stringify(obj) + "\n");
@@ -71,10 +88,11 @@ const errors = [];
 const clients = [];
 
 class Client {
-  constructor(channel) {
+  constructor(channel, source) {
     this.channel = channel;
+    this.source = source;
     this.marker = Buffer.from(`\\"session_id\\":\\"${sessionOf(channel)}\\"`);
-    this.last = 0;
+    this.last = firstSeq - 1;
     this.received = 0;
     this.outOfOrder = 0;
     this.wrongChannel = 0;
@@ -87,7 +105,9 @@ class Client {
   connect() {
     return new Promise((resolve, reject) => {
       this.onEstablished = resolve;
-      const ws = new WebSocket(cfg.url, { perMessageDeflate: false });
+      const options = { perMessageDeflate: false };
+      if (this.source) options.localAddress = this.source;
+      const ws = new WebSocket(cfg.url, options);
       this.ws = ws;
       ws.on("message", (data) => this.message(data));
       ws.on("error", (err) => {
@@ -134,9 +154,24 @@ class Client {
     this.received++;
     total++;
     if (keepLatency) {
-      const ts = buf.indexOf(TS);
-      if (ts >= 0) recordLatency(nowMicros() - digitsAfter(buf, ts + TS.length));
+      if (byTimestamp) {
+        const at = buf.indexOf(TIMESTAMP);
+        if (at >= 0) {
+          const start = at + TIMESTAMP.length;
+          const text = buf.toString("latin1", start, start + TIMESTAMP_LENGTH);
+          // Sent somewhere within that millisecond: count from its middle.
+          recordLatency(nowMicros() - (Date.parse(text) * 1000 + 500));
+        }
+      } else {
+        const ts = buf.indexOf(TS);
+        if (ts >= 0) recordLatency(nowMicros() - digitsAfter(buf, ts + TS.length));
+      }
     }
+  }
+  other() {
+    // An envelope without a chunk_index (agent.status, agent.step.started, ...).
+    this.received++;
+    total++;
   }
 
   pusherControl(text) {
@@ -150,6 +185,8 @@ class Client {
       this.ws.send('{"event":"pusher:pong","data":{}}');
     } else if (msg.event === "pusher:error" && errors.length < 10) {
       errors.push(text);
+    } else if (msg.channel === this.channel && !msg.event.startsWith("pusher")) {
+      this.other();
     }
   }
 
@@ -164,6 +201,8 @@ class Client {
       this.onEstablished();
     } else if (text.startsWith('42["subscribed"')) {
       if (this.onSubscribed) this.onSubscribed();
+    } else if (text.startsWith('42["agent.')) {
+      this.other();
     } else if (errors.length < 10) {
       errors.push(text.slice(0, 200));
     }
@@ -240,7 +279,9 @@ function stats(expected) {
 }
 
 async function main() {
-  for (const channel of cfg.channels) clients.push(new Client(channel));
+  cfg.channels.forEach((channel, i) => {
+    clients.push(new Client(channel, sources.length ? sources[i % sources.length] : null));
+  });
   const started = performance.now();
   const failed = await pool(clients, concurrency, (c) => c.connect());
   const connectSeconds = (performance.now() - started) / 1000;

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from bench.agents import emitter_packet
 from bench.envelope import ENVELOPE_BYTES, envelope
 from broadcaster.envelope import StreamChunk, parse_envelope
 from tests.support.processes import IN_CI, REPO, require_binary
@@ -71,3 +72,58 @@ def test_smallest_fanout_run_delivers_every_message_to_every_client() -> None:
         assert result["wrong_channel"] == 0
         assert result["unexpected_closes"] == 0
     assert "(d) no lost or reordered message in any scenario" in run.stdout
+
+
+def test_agent_publisher_builds_the_packet_socketio_redis_emitter_builds() -> None:
+    """The socket.io reference's agent traffic is what ``@socket.io/redis-emitter``
+    publishes: the same MessagePack bytes, long data included."""
+    _require_bench_packages()
+    data = "x" * 300 + "é"
+    script = (
+        "const notepack = require('notepack.io');"
+        "const packet = {type: 2, data: ['agent.stream.chunk', process.argv[1]], nsp: '/'};"
+        "const opts = {rooms: ['agent.s-1'], flags: {}, except: []};"
+        "process.stdout.write(notepack.encode(['emitter', packet, opts]).toString('hex'));"
+    )
+    node = subprocess.run(
+        ["node", "-e", script, data],
+        cwd=REPO / "bench" / "node",
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=True,
+    )
+    ours = emitter_packet("agent.s-1", "agent.stream.chunk", data)
+    assert ours.hex() == node.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_smallest_channels_idle_and_agents_runs_count_every_delivery() -> None:
+    """Tiny runs of the paced 'channels', 'idle' and 'agents' scenarios on our server:
+    every publication delivered once, in order, with history on; real agent sessions'
+    envelopes all reach their 1-3 viewers."""
+    _require_bench_packages()
+    argv = [sys.executable, "-m", "bench", "--scenarios", "channels,idle,agents"]
+    argv += ["--servers", "broadcaster", "--channels", "20", "--channels-rate", "200"]
+    argv += ["--duration", "1", "--idle", "50", "--agent-sessions", "3"]
+    argv += ["--agent-duration", "1", "--no-save"]
+    run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=110, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    results = {
+        r["scenario"]: r
+        for r in (json.loads(line) for line in run.stdout.splitlines() if line.startswith("{"))
+    }
+    channels, idle, agents = results["channels"], results["idle"], results["agents"]
+    assert (channels["published"], channels["delivered"], channels["lost"]) == (200, 200, 0)
+    assert channels["out_of_order"] == channels["wrong_channel"] == 0
+    assert channels["history_len"] == 10  # 200 round robin over 20 channels
+    assert channels["publish_rate"] == 200
+    assert (idle["connections"], idle["subscribe_failed"], idle["unexpected_closes"]) == (50, 0, 0)
+    [step] = agents["steps"]
+    assert (step["sessions"], step["viewers"]) == (3, 6)  # 1, 2 and 3 viewers
+    assert step["chunks"] > 0
+    assert step["envelopes"] > step["chunks"]  # statuses, steps and tools too
+    assert step["delivered"] > 0
+    assert step["publish_side_ms"]["n"] > 0  # the bench read chunks off Redis itself
+    assert step["lost"] == step["out_of_order"] == step["wrong_channel"] == step["dropped"] == 0
