@@ -29,7 +29,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlencode
 
 import httpx
@@ -99,10 +99,15 @@ def encode(channel: str, envelope: Envelope) -> Outgoing:
 
 @dataclass
 class PublisherStats:
+    """What a buffered publisher did: publications the target took, publications
+    dropped, attempts that failed and were retried, the last error, and the sends
+    (round trips or requests) that carried the published ones."""
+
     published: int = 0
     dropped: int = 0
     retries: int = 0
     last_error: str | None = None
+    sends: int = 0
 
 
 class Publisher(Protocol):
@@ -236,6 +241,7 @@ class BufferedPublisher(ABC):
             self._drop(len(batch), str(exc))
             return
         self.stats.published += len(batch)
+        self.stats.sends += 1
 
     def _note_retry(self, state: RetryCallState) -> None:
         self.stats.retries += 1
@@ -345,6 +351,7 @@ class RedisPublisher(BufferedPublisher):
             :func:`broadcaster.backends.redis_sentinel.sentinel_client`).
         app_id: the app whose channels receive the envelopes.
         prefix: the deployment's key prefix (the servers' ``--redis-prefix``).
+        max_batch: publications one round trip may carry (Redis Cluster: always 1).
     """
 
     def __init__(
@@ -354,31 +361,40 @@ class RedisPublisher(BufferedPublisher):
         *,
         prefix: str | None = None,
         max_buffer: int = 10_000,
+        max_batch: int = 100,
         close_timeout: float = 5.0,
     ) -> None:
         from broadcaster.backends.redis import DEFAULT_PREFIX
 
-        super().__init__(max_buffer=max_buffer, max_batch=1, close_timeout=close_timeout)
+        # What was buffered while a round trip was in flight goes in the next one, as
+        # one pipeline: many sessions in one process share round trips. On a cluster a
+        # batch would span shards, so one publication per round trip there.
+        cluster = _is_cluster(client)
+        batch = 1 if cluster else max_batch
+        super().__init__(max_buffer=max_buffer, max_batch=batch, close_timeout=close_timeout)
         self._client = client
         self._app_id = app_id
         self._prefix = prefix or DEFAULT_PREFIX
+        self._cluster = cluster
 
     async def _send(self, batch: list[Outgoing]) -> None:
         from redis.exceptions import RedisError
 
-        from broadcaster.backends.redis import publish_via_redis
+        from broadcaster.backends.redis import publish_many_via_redis
 
-        publish: Any = publish_via_redis
-        if _is_cluster(self._client):  # Redis Cluster: hash-tagged keys, SPUBLISH
-            from broadcaster.backends.redis_cluster import publish_via_redis_cluster
+        publications = [
+            Publication(self._app_id, item.channel, item.event, item.data) for item in batch
+        ]
+        try:
+            if self._cluster:  # Redis Cluster: hash-tagged keys, SPUBLISH
+                from broadcaster.backends.redis_cluster import publish_via_redis_cluster
 
-            publish = publish_via_redis_cluster
-        for item in batch:
-            publication = Publication(self._app_id, item.channel, item.event, item.data)
-            try:
-                await publish(self._client, self._prefix, publication)
-            except (RedisError, OSError) as exc:
-                raise PublishError(f"cannot publish through Redis: {exc}", retryable=True) from exc
+                for publication in publications:
+                    await publish_via_redis_cluster(self._client, self._prefix, publication)  # type: ignore[arg-type]
+            else:
+                await publish_many_via_redis(self._client, self._prefix, publications)
+        except (RedisError, OSError) as exc:
+            raise PublishError(f"cannot publish through Redis: {exc}", retryable=True) from exc
 
 
 def _is_cluster(client: object) -> bool:

@@ -140,6 +140,33 @@ async def test_redis_publisher_takes_the_backends_path(
 
 
 @pytest.mark.redis
+async def test_redis_publisher_sends_what_waits_together_in_order(
+    start_server: StartServer, clients: Connect, redis_server: RedisServer
+) -> None:
+    live = await start_server(backend=redis_server.url, redis_prefix="pub-batch")
+    client = await clients(live.app_url())
+    await client.subscribe(CHANNEL)
+    redis = Redis.from_url(redis_server.url)
+    publisher = RedisPublisher(redis, "1", prefix="pub-batch", max_batch=100)
+    for n in range(250):  # buffered before the sender runs: three round trips
+        await publisher.broadcast(CHANNEL, chunk(n))
+    assert await publisher.flush(10)
+
+    assert publisher.stats.published == 250
+    assert publisher.stats.sends == 3
+    chunks = []
+    while len(chunks) < 250:
+        message = await client.recv(within=10)
+        if message["event"] == "agent.stream.chunk":
+            chunks.append(message)
+    assert [m["data"]["payload"]["chunk"] for m in chunks] == [f"#{n}" for n in range(250)]
+    offsets = [int(m["position"].rsplit(":", 1)[1]) for m in chunks]
+    assert offsets == list(range(offsets[0], offsets[0] + 250))
+    await publisher.aclose()
+    await redis.aclose()
+
+
+@pytest.mark.redis
 async def test_redis_publisher_buffers_through_a_redis_outage(
     redis_factory: Callable[[], RedisServer],
 ) -> None:
