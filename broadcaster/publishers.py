@@ -43,6 +43,7 @@ from broadcaster.signing import signed_params
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
 
     from broadcaster.node import Node
 
@@ -349,7 +350,7 @@ class RedisPublisher(BufferedPublisher):
 
     def __init__(
         self,
-        client: Redis,
+        client: Redis | RedisCluster,
         app_id: str,
         *,
         prefix: str | None = None,
@@ -418,7 +419,12 @@ class RedisStateStore:
     """Stores snapshots in Redis where the servers' Redis backend reads them."""
 
     def __init__(
-        self, client: Redis, app_id: str, *, prefix: str | None = None, ttl: float = STATE_TTL
+        self,
+        client: Redis | RedisCluster,
+        app_id: str,
+        *,
+        prefix: str | None = None,
+        ttl: float = STATE_TTL,
     ) -> None:
         from broadcaster.backends.redis import DEFAULT_PREFIX
 

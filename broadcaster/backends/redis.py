@@ -10,6 +10,9 @@ Layout, for ``prefix`` P and app A (app ids and channel names contain no ``:``):
     P:A:subs:<node>          hash channel -> this node's subscription count
     P:A:subs-nodes           set of nodes that count subscriptions for A
     P:#node:<node>           heartbeat of a live node (expires after ``node_ttl``)
+    P:A:value:<key>          a stored value (a session's final state)
+    P:{A}:claim:<key>        a claim (lease), e.g. a session's run; tagged as on Redis
+                             Cluster, where the run queue's scripts read it
 
 Pub/sub channels are not scoped by the database number, so deployments that share a
 Redis must use different prefixes.
@@ -39,7 +42,7 @@ import secrets
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit
 
 import orjson
@@ -67,6 +70,9 @@ from broadcaster.backends.base import (
     new_epoch,
 )
 from broadcaster.publication import Position, Publication
+
+if TYPE_CHECKING:
+    from redis.asyncio.cluster import RedisCluster
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -145,7 +151,7 @@ def value_key(prefix: str, app_id: str, key: str) -> str:
 
 
 async def store_value_via_redis(
-    client: Redis, prefix: str, app_id: str, key: str, value: bytes, ttl: float
+    client: Redis | RedisCluster, prefix: str, app_id: str, key: str, value: bytes, ttl: float
 ) -> None:
     """Store a value as the Redis backend does, for processes that run no node (e.g.
     an agent worker storing a session's final state).
@@ -1225,8 +1231,12 @@ return 0
 
 
 def claim_key(prefix: str, app_id: str, key: str) -> str:
-    """The Redis key of a claim (see :meth:`RedisBackend.claim_value`)."""
-    return f"{prefix}:{app_id}:claim:{key}"
+    """The Redis key of a claim (see :meth:`RedisBackend.claim_value`).
+
+    Tagged with the app (``{A}``) on every topology, so that on Redis Cluster the run
+    queue's scripts (:mod:`agent_core.app.worker`) find a session's claim in the slot of
+    the app's queue keys."""
+    return f"{prefix}:{{{app_id}}}:claim:{key}"
 
 
 async def claim_via_redis(

@@ -15,7 +15,9 @@ channel's shard channel (``SPUBLISH``/``SSUBSCRIBE``) lives on that slot too::
     P:{A}:subs:<node>          hash channel -> the node's subscription count
     P:{A}:subs-nodes           set of nodes that count subscriptions for A
     P:{#nodes}                 sorted set node -> heartbeat deadline (Redis time, ms)
-    P:A:value:<key>, P:A:claim:<key>   single-key values and claims (any slot)
+    P:A:value:<key>            single-key values (any slot)
+    P:{A}:claim:<key>          claims, in the app's slot (the run queue's scripts read
+                               a session's claim with the app's queue keys)
 
 Keys that span channels are tagged per app (``{A}``: one slot per app) or, for node
 liveness, kept in one sorted set whose scores are deadlines taken from Redis's own clock.
