@@ -14,6 +14,8 @@ channel's shard channel (``SPUBLISH``/``SSUBSCRIBE``) lives on that slot too::
     P:{A}:#control             shard channel of the app's control messages
     P:{A}:subs:<node>          hash channel -> the node's subscription count
     P:{A}:subs-nodes           set of nodes that count subscriptions for A
+    P:{A}:conn-counts          hash node -> its open connections of A (apps with a limit)
+    P:{A}:conn-nodes           sorted set node -> deadline of those counts (Redis time)
     P:{#nodes}                 sorted set node -> heartbeat deadline (Redis time, ms)
     P:A:value:<key>            single-key values (any slot)
     P:{A}:claim:<key>          claims, in the app's slot (the run queue's scripts read
@@ -588,6 +590,7 @@ class RedisClusterBackend(RedisBackend):
         for key in self._presence:
             pipe.pexpire(key, _ms(self.node_ttl))
         await pipe.execute()
+        await self._beat_connections()
 
     async def _beat(self) -> bool:
         args = (self._node_id, _ms(self.node_ttl))
@@ -611,6 +614,7 @@ class RedisClusterBackend(RedisBackend):
             args = (self._node_id, ttl, *pairs)
             await SCRIPTS.PRESENCE_RESTORE.run(self._client, (key,), args)
             self._presence_dirty.discard(key)
+        await self._beat_connections(force=True)
 
     async def _withdraw(self) -> None:
         pipe = self.cluster.pipeline()
@@ -620,6 +624,7 @@ class RedisClusterBackend(RedisBackend):
         for key, local in self._presence.items():
             if local:
                 pipe.hdel(key, *local)
+        self._withdraw_connections(pipe)
         async with asyncio.timeout(self.command_timeout):
             await pipe.execute()
 
