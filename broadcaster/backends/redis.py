@@ -1188,6 +1188,8 @@ class RedisBackend:
                 writes this node's true count).
         """
         self._check_ready()
+        if not self._responsive:  # a command just went unanswered: fail fast, not late
+            raise BackendUnavailable(f"Redis at {self.url} does not answer; retry later")
         counted = self._connections.get(app_id, 0)
         args = (self._node_id, _ms(self.node_ttl), limit, counted)
         self._admitting[app_id] = self._admitting.get(app_id, 0) + 1
@@ -1207,8 +1209,8 @@ class RedisBackend:
     async def release_connection(self, app_id: str) -> None:
         """See :meth:`broadcaster.backends.base.Backend.release_connection`."""
         try:
-            if not self._ready:
-                raise BackendUnavailable("not connected")
+            if not self.ready:
+                raise BackendUnavailable("not connected, or not answering")
             await _lua.CONNECTION_RELEASE.run(
                 self._client, self._connection_keys(app_id), (self._node_id,)
             )
