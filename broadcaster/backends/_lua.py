@@ -304,19 +304,19 @@ CONNECTION_BEAT = Script(
     """
 -- KEYS: counts hash, deadlines set. ARGV: node id, node ttl ms, the node's count, 1 to
 -- write the count even if Redis has one. The count is written when Redis lost it (the
--- node was taken for dead, or Redis restarted empty) or when asked; a node with no
--- connection left withdraws from both keys.
+-- node was taken for dead, or Redis restarted empty) or when asked.
 """
     + _CONNECTIONS_NOW
     + """
 local count = tonumber(ARGV[3])
-if count <= 0 then
-  redis.call('HDEL', KEYS[1], ARGV[1])
-  redis.call('ZREM', KEYS[2], ARGV[1])
-  return 1
-end
 local deadline = tonumber(redis.call('ZSCORE', KEYS[2], ARGV[1]) or '0')
-if deadline <= now or ARGV[4] == '1' then redis.call('HSET', KEYS[1], ARGV[1], count) end
+if deadline <= now or ARGV[4] == '1' then
+  if count > 0 then
+    redis.call('HSET', KEYS[1], ARGV[1], count)
+  else
+    redis.call('HDEL', KEYS[1], ARGV[1])
+  end
+end
 local ttl = tonumber(ARGV[2])
 redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
 keep(ttl)

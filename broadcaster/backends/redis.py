@@ -1219,14 +1219,14 @@ class RedisBackend:
             log.debug("connection count of app %s not lowered (%s)", app_id, exc)
         finally:
             # Lowered only once Redis has (or could not): a heartbeat meanwhile writes
-            # a count too high, never too low, so the limit is never exceeded.
+            # a count too high rather than too low.
             self._connections[app_id] = self._connections.get(app_id, 1) - 1
 
     async def _beat_connections(self, *, force: bool = False) -> None:
         """Refresh this node's deadline in the connection counts of every app it has
-        connections of; write its count where Redis lost it (or everywhere with
-        ``force``). Counts still being admitted are included: too high for a moment,
-        never too low."""
+        counted connections of; write its count where Redis lost it (or everywhere with
+        ``force``). Admissions still unanswered are included: a count written while
+        commands are in flight errs on the high side."""
         ttl = _ms(self.node_ttl)
         for app_id in set(self._connections) | self._connections_dirty:
             count = self._connections.get(app_id, 0) + self._admitting.get(app_id, 0)
@@ -1234,8 +1234,7 @@ class RedisBackend:
             args = (self._node_id, ttl, count, 1 if write else 0)
             await _lua.CONNECTION_BEAT.run(self._client, self._connection_keys(app_id), args)
             self._connections_dirty.discard(app_id)
-            if count <= 0:
-                self._connections.pop(app_id, None)
+            self._connections.setdefault(app_id, 0)  # kept (one per app) even at zero
 
     def _withdraw_connections(self, pipe: Any) -> None:
         for app_id in self._connections:
