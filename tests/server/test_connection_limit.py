@@ -154,3 +154,22 @@ async def test_a_sigkilled_nodes_connections_stop_counting_once_its_heartbeat_ex
         "the dead node's connections to stop counting",
         within=15,
     )
+
+
+@pytest.mark.parametrize("ws", [None, "websockets-sansio"], ids=["native", "asgi"])
+async def test_a_connection_is_established_only_once_counted_and_subscribes_after(
+    ws: str | None,
+    start_server: StartServer,
+    redis_server: RedisServer,
+    tmp_path: Path,
+) -> None:
+    """On the native path and on the ASGI one, a subscribe sent right after the
+    handshake waits for the count: established first, then the subscription."""
+    apps = write_apps(tmp_path / "apps.json", {**LIMITED, "max_connections": 1})
+    prefix = f"test-{secrets.token_hex(4)}"
+    live = await start_server(ws=ws, backend=redis_server.url, redis_prefix=prefix, apps_file=apps)
+    async with websockets.connect(live.app_url("limited")) as first:
+        await first.send(json.dumps({"event": "pusher:subscribe", "data": {"channel": "early"}}))
+        events = [json.loads(await asyncio.wait_for(first.recv(), 5))["event"] for _ in "ab"]
+        assert events == ["pusher:connection_established", "pusher_internal:subscription_succeeded"]
+        assert (await answer(live.app_url("limited")))[0] == 4004
