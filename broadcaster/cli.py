@@ -70,6 +70,11 @@ def main() -> None:
     "deliver what arrives meanwhile in one pass; 0 is off [0.002].",
 )
 @click.option("--redis-prefix", help=f"Prefix of every Redis key [{DEFAULT_REDIS_PREFIX}].")
+@click.option(
+    "--redis-node-ttl",
+    type=float,
+    help="Seconds without a heartbeat before a node's presence and counts expire [30].",
+)
 @click.option("--shutdown-timeout", type=float, help="Seconds a graceful shutdown may take [10].")
 @click.option("--metrics/--no-metrics", default=None, help="Serve /metrics [on].")
 def serve(**options: Any) -> None:

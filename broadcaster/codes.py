@@ -11,6 +11,7 @@ Code   Name                       Closes  When
 4001   APP_NOT_FOUND              yes     no app has the key in ``/app/{key}``
 4003   APP_DISABLED               yes     the app is disabled
 4004   OVER_QUOTA                 yes     the app already has ``max_connections`` connections
+                                          (on every node sharing the Redis backend)
 4005   PATH_NOT_FOUND             yes     the WebSocket path is not ``/app/{key}``
 4006   INVALID_VERSION            yes     ``protocol`` is not a number
 4007   UNSUPPORTED_PROTOCOL       yes     ``protocol`` is not 7
@@ -19,8 +20,10 @@ Code   Name                       Closes  When
                                           failed (missing or unreadable data, bad
                                           signature or bad ``user_data``)
 4100   OVER_CAPACITY              yes     the server is full, the client reads too slowly
-                                          (SLOW_CONSUMER), or a subscribe's backend work
-                                          failed (history not read): reconnect with back-off
+                                          (SLOW_CONSUMER), a subscribe's backend work
+                                          failed (history not read), or a connection of an
+                                          app with ``max_connections`` could not be counted
+                                          (Redis away): reconnect with back-off
 4200   SERVER_CLOSING             yes     the server shuts down or restarts: reconnect now
 4201   PONG_NOT_RECEIVED          yes     no ``pusher:pong`` after the server's ``pusher:ping``
 4202   CLOSED_AFTER_INACTIVITY    yes     nothing received for longer than activity_timeout

@@ -67,6 +67,10 @@ class Node:
         self.connections: dict[str, Connection] = {}
         self.streams: set[Connection] = set()  # HTTP streams (SSE, AG-UI) on channels
         self._per_app: dict[str, int] = {app.id: 0 for app in self.apps}
+        # Connections of apps with max_connections counted by a backend shared by several
+        # nodes (released there when they close); empty on the memory backend.
+        self._counted: set[Connection] = set()
+        self._shared_counts = self.backend.counts_across_nodes
         self._users: dict[tuple[str, str], set[Connection]] = {}
         self._sweeper: asyncio.TimerHandle | None = None
         self._watcher: asyncio.TimerHandle | None = None
@@ -128,6 +132,11 @@ class Node:
     def admit(self, key: str, protocol_version: str | None, origin: str | None) -> AppConfig:
         """The app a new WebSocket connection to ``/app/{key}`` is for.
 
+        The connection limit is checked here against this node's own count: with the
+        memory backend that is the whole check; with a shared backend it only refuses
+        early (no Redis work), and :meth:`count` decides across nodes after
+        :meth:`open`.
+
         Raises:
             ProtocolError: unknown key (4001), disabled app (4003), over the app's
                 connection limit (4004), bad protocol version (4006-4008), origin not
@@ -142,16 +151,16 @@ class Node:
         protocol.check_origin(app, origin)
         limit = app.max_connections
         if limit is not None and self._per_app[app.id] >= limit:
-            raise ProtocolError(
-                ErrorCode.OVER_QUOTA, f"app {app.id!r} is at its limit of {limit} connections"
-            )
+            raise _over_quota(app)
         return app
 
     def open(
         self, app: AppConfig, raw: RawSocket | None = None, send: AsgiSend | None = None
     ) -> Connection:
         """Register a new accepted connection (fast path with ``raw``, else through the
-        ASGI ``send``) and send it ``pusher:connection_established``."""
+        ASGI ``send``) and send it ``pusher:connection_established`` — unless
+        :meth:`counted_across_nodes` says it must be counted first: then :meth:`count`
+        sends it (or refuses the connection)."""
         socket_id = protocol.new_socket_id()
         if raw is not None:
             conn = Connection.fast(socket_id, app, self.delivery, raw)
@@ -162,9 +171,47 @@ class Node:
         self.connections[socket_id] = conn
         self._per_app[app.id] += 1
         self.metrics.connections.labels(app.id).inc()
-        established = protocol.connection_established(socket_id, self.settings.activity_timeout)
-        conn.send(Outgoing(established))
+        if not self.counted_across_nodes(app):
+            self._established(conn)
         return conn
+
+    def counted_across_nodes(self, app: AppConfig) -> bool:
+        """True when a connection of ``app`` must be counted by the backend (the app has
+        ``max_connections`` and the backend is shared by several nodes) before it is
+        established: the caller then awaits :meth:`count` after :meth:`open`. Without a
+        limit, or on the memory backend, nothing is awaited per connection."""
+        return self._shared_counts and app.max_connections is not None
+
+    async def count(self, conn: Connection) -> None:
+        """Count an opened connection against its app's ``max_connections`` on every
+        node (one atomic backend step), then send ``pusher:connection_established``.
+
+        Fails closed: when the backend cannot count now, the connection is refused with
+        4100 (pusher-js reconnects after a back-off) rather than admitted uncounted.
+
+        Raises:
+            ProtocolError: the app has ``max_connections`` connections on the live nodes
+                (4004), or the backend is unavailable (4100).
+        """
+        app = conn.app
+        assert app.max_connections is not None
+        try:
+            admitted = await self.backend.admit_connection(app.id, app.max_connections)
+        except BackendUnavailable as exc:
+            raise ProtocolError(
+                ErrorCode.OVER_CAPACITY,
+                f"cannot count this connection against app {app.id!r}'s limit now ({exc}); "
+                "reconnect later",
+            ) from None
+        if not admitted:
+            raise _over_quota(app)
+        self._counted.add(conn)
+        if conn.is_open:
+            self._established(conn)
+
+    def _established(self, conn: Connection) -> None:
+        timeout = self.settings.activity_timeout
+        conn.send(Outgoing(protocol.connection_established(conn.socket_id, timeout)))
 
     async def disconnect(self, conn: Connection) -> None:
         """Forget a connection whose socket is gone: leave its channels (presence
@@ -175,6 +222,9 @@ class Node:
         self._per_app[conn.app.id] -= 1
         self.metrics.connections.labels(conn.app.id).dec()
         self._forget_user(conn)
+        if conn in self._counted:
+            self._counted.discard(conn)
+            await self.backend.release_connection(conn.app.id)
         for channel in list(conn.channels):
             try:
                 await self.unsubscribe(conn, channel)
@@ -441,6 +491,7 @@ def _backend_for(settings: Settings, apps: Sequence[AppConfig]) -> Backend:
     if not settings.backend.startswith("memory"):
         options["prefix"] = settings.redis_prefix
         options["read_delay"] = settings.redis_read_delay
+        options["node_ttl"] = settings.redis_node_ttl
     return create_backend(settings.backend, **options)
 
 
@@ -454,6 +505,13 @@ def _authorize_user_channel(conn: Connection, channel: str) -> None:
             channel=channel,
             close=False,
         )
+
+
+def _over_quota(app: AppConfig) -> ProtocolError:
+    return ProtocolError(
+        ErrorCode.OVER_QUOTA,
+        f"app {app.id!r} is at its limit of {app.max_connections} connections",
+    )
 
 
 def _unavailable(channel: str, exc: BackendUnavailable) -> ProtocolError:

@@ -43,6 +43,7 @@ from broadcaster.signing import signed_params
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
 
     from broadcaster.node import Node
 
@@ -356,7 +357,7 @@ class RedisPublisher(BufferedPublisher):
 
     def __init__(
         self,
-        client: Redis,
+        client: Redis | RedisCluster,
         app_id: str,
         *,
         prefix: str | None = None,
@@ -375,9 +376,9 @@ class RedisPublisher(BufferedPublisher):
         self._client = client
         self._app_id = app_id
         self._prefix = prefix or DEFAULT_PREFIX
-        self._cluster = cluster
 
     async def _send(self, batch: list[Outgoing]) -> None:
+        from redis.asyncio.cluster import RedisCluster
         from redis.exceptions import RedisError
 
         from broadcaster.backends.redis import publish_many_via_redis
@@ -385,14 +386,15 @@ class RedisPublisher(BufferedPublisher):
         publications = [
             Publication(self._app_id, item.channel, item.event, item.data) for item in batch
         ]
+        client = self._client
         try:
-            if self._cluster:  # Redis Cluster: hash-tagged keys, SPUBLISH
+            if isinstance(client, RedisCluster):  # hash-tagged keys, SPUBLISH
                 from broadcaster.backends.redis_cluster import publish_via_redis_cluster
 
                 for publication in publications:
-                    await publish_via_redis_cluster(self._client, self._prefix, publication)  # type: ignore[arg-type]
+                    await publish_via_redis_cluster(client, self._prefix, publication)
             else:
-                await publish_many_via_redis(self._client, self._prefix, publications)
+                await publish_many_via_redis(client, self._prefix, publications)
         except (RedisError, OSError) as exc:
             raise PublishError(f"cannot publish through Redis: {exc}", retryable=True) from exc
 
@@ -434,7 +436,12 @@ class RedisStateStore:
     """Stores snapshots in Redis where the servers' Redis backend reads them."""
 
     def __init__(
-        self, client: Redis, app_id: str, *, prefix: str | None = None, ttl: float = STATE_TTL
+        self,
+        client: Redis | RedisCluster,
+        app_id: str,
+        *,
+        prefix: str | None = None,
+        ttl: float = STATE_TTL,
     ) -> None:
         from broadcaster.backends.redis import DEFAULT_PREFIX
 

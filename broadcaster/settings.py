@@ -117,6 +117,9 @@ class Settings(BaseSettings):
     redis_read_delay: Annotated[float, Field(ge=0, le=0.1)] = 0.002
     # Key prefix of everything the Redis backend stores (several deployments per Redis).
     redis_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_\-.:]{1,64}$")] = DEFAULT_REDIS_PREFIX
+    # Seconds after its last heartbeat (every third of it) when a node counts as dead:
+    # its presence members, subscription counts and connection counts stop counting.
+    redis_node_ttl: Annotated[float, Field(ge=0.3, le=3600)] = 30.0
     # Seconds a graceful shutdown may take before remaining work is cancelled.
     shutdown_timeout: Annotated[float, Field(gt=0, le=300)] = 10.0
     metrics: bool = True

@@ -2,10 +2,13 @@
 
 Admission (app key, protocol version, origin, connection limit) happens after the
 handshake, as Pusher does, so that the client reads a ``pusher:error`` with the code and
-then a close frame with the same code. Inbound messages are parsed by the sans-I/O
-:mod:`broadcaster.protocol` and dispatched to :class:`~broadcaster.node.Node`; outbound
-messages leave through the connection's buffer (the fast path when the server is run
-with :class:`~broadcaster._uvicorn.FastWebSocketProtocol`, the ASGI ``send`` otherwise).
+then a close frame with the same code. An app whose ``max_connections`` is counted
+across nodes (a Redis backend) is checked in the connection's first task, before
+``pusher:connection_established``; every other connection is admitted synchronously.
+Inbound messages are parsed by the sans-I/O :mod:`broadcaster.protocol` and
+dispatched to :class:`~broadcaster.node.Node`; outbound messages leave through the
+connection's buffer (the fast path when the server is run with
+:class:`~broadcaster._uvicorn.FastWebSocketProtocol`, the ASGI ``send`` otherwise).
 
 Under :class:`~broadcaster._uvicorn.FastWebSocketProtocol`, ``/app/{key}`` is served
 natively by :class:`NativeSessions` instead: the protocol calls the session for each
@@ -65,6 +68,8 @@ class WebSocketEndpoint:
         raw: RawSocket | None = scope.get("extensions", {}).get(EXTENSION)
         conn = self.node.open(app, raw=raw, send=None if raw is not None else send)
         try:
+            if self.node.counted_across_nodes(app):
+                await _reporting(conn, self.node.count(conn))
             await self._serve(conn, receive)
         finally:
             await self.node.disconnect(conn)
@@ -112,7 +117,12 @@ class NativeSessions:
             socket.close_now(int(exc.code), exc.message, node.delivery.abort_after)
             return None
         socket.limit_message_size(app.max_frame_size)
-        return _NativeSession(node, node.open(app, raw=socket), socket)
+        conn = node.open(app, raw=socket)
+        session = _NativeSession(node, conn, socket)
+        if node.counted_across_nodes(app):
+            # Counted across nodes first; messages that arrive meanwhile wait their turn.
+            session.start(_reporting(conn, node.count(conn)))
+        return session
 
 
 _GONE: Final = object()  # queued after the messages of a connection that is gone
@@ -138,7 +148,7 @@ class _NativeSession:
         elif self._conn.is_open:
             work = handle(self._node, self._conn, data)
             if work is not None:
-                self._start(work)
+                self.start(work)
 
     def lost(self) -> None:
         if self._backlog is not None:
@@ -146,7 +156,9 @@ class _NativeSession:
         else:
             self._socket.run_task(self._disconnect())
 
-    def _start(self, work: Coroutine[Any, Any, None]) -> None:
+    def start(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` in this connection's task; messages received meanwhile are
+        handled after it, in order (reading pauses while they wait)."""
         self._backlog = deque()
         self._socket.run_task(self._work(work))
 

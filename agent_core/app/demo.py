@@ -93,7 +93,8 @@ class DemoSettings(BaseSettings):
     run_mode: Literal["local", "queue"] = Field(
         default="local",
         description="local: runs execute in this process; queue: they are queued in "
-        "Redis for agent-worker processes (needs the redis:// backend)",
+        "Redis for agent-worker processes (needs a Redis backend: redis://, "
+        "redis-sentinel:// or redis-cluster://)",
     )
     run_default_mode: Literal["agent", "route"] = Field(
         default="agent",
@@ -159,11 +160,6 @@ class _Demo:
             raise ExtensionError(
                 "AGENT_DEMO_RUN_MODE=queue needs the Redis backend (--backend redis://...): "
                 f"workers reach the web nodes through Redis, not {backend!r}"
-            )
-        if self.settings.run_mode == "queue" and backend.startswith(("redis-cluster", "rediss-c")):
-            raise ExtensionError(
-                "AGENT_DEMO_RUN_MODE=queue does not support Redis Cluster yet (the run queue's "
-                "scripts span slots): use redis:// or redis-sentinel://, or another run mode"
             )
 
     def _queue(self) -> RunQueue:

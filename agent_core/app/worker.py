@@ -22,12 +22,23 @@ running runs.
 
 Redis keys (``P`` = prefix, ``A`` = app id, ``R`` = a run's id)::
 
-    P:A:runs                  list of queued run ids, RPUSH by web, BLPOP by workers
-    P:A:run-jobs              hash R -> the job (JSON)
-    P:A:run-leases            sorted set R -> deadline (ms, Redis time)
-    P:A:run-takers            hash R -> the worker that took it
-    P:A:client-runs:<client>  sorted set R -> deadline: a client's queued/running runs
-    P:A:claim:run:<session>   the session's claim (R), as local runs claim it
+    P:{A}:runs                  list of queued run ids, RPUSH by web, BLPOP by workers
+    P:{A}:run-jobs              hash R -> the job (JSON)
+    P:{A}:run-leases            sorted set R -> deadline (ms, Redis time)
+    P:{A}:run-takers            hash R -> the worker that took it
+    P:{A}:client-runs:<client>  sorted set R -> deadline: a client's queued/running runs
+    P:{A}:claim:run:<session>   the session's claim (R), as local runs claim it
+    P:A:value:state:<channel>   a session's final state (read apart, in any slot)
+
+Every key one script touches carries the hash tag ``{A}``, on every topology: on Redis
+Cluster all of them live in the app's slot, so each script is one atomic step on one
+primary (Redis refuses a script whose keys span slots), and standalone Redis and
+Sentinel use the very same names (to them the braces are plain characters). One layout
+means one code path and no setting that could disagree between web nodes and workers;
+the price is that one app's run queue is served by one primary of a cluster, which
+holds for the rates of run starts (the publications of the runs spread over every
+slot, one per channel). ``{A}`` is the tag the cluster backend already gives an app's
+subscription counts and control channel.
 """
 
 from __future__ import annotations
@@ -45,7 +56,6 @@ import click
 import orjson
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from agent_core.app.demo_routing import DemoParts, demo_parts
@@ -64,8 +74,8 @@ from agent_core.app.runs import (
     resolve_mode,
     run_claim,
 )
-from broadcaster.backends.clients import redis_client
-from broadcaster.backends.redis import DEFAULT_PREFIX, claim_key, safe_url, value_key
+from broadcaster.backends.clients import RedisClient, display_url, redis_client
+from broadcaster.backends.redis import DEFAULT_PREFIX, claim_key, value_key
 from broadcaster.envelope import channel_for
 from broadcaster.publishers import RedisPublisher, RedisStateStore, state_key
 
@@ -88,7 +98,7 @@ class _Keys:
     app_id: str
 
     def _key(self, name: str) -> str:
-        return f"{self.prefix}:{self.app_id}:{name}"
+        return f"{self.prefix}:{{{self.app_id}}}:{name}"
 
     @property
     def queue(self) -> str:
@@ -253,7 +263,7 @@ def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
-async def _finish(redis: Redis, keys: _Keys, job: _Job) -> bool:
+async def _finish(redis: RedisClient, keys: _Keys, job: _Job) -> bool:
     """Free the run's session and client entry; True when its lease was still there."""
     done = await redis.eval(
         _FINISH,
@@ -280,7 +290,7 @@ class Reaper:
         state_ttl: seconds the failed final states are kept.
     """
 
-    redis: Redis
+    redis: RedisClient
     app_id: str
     prefix: str = DEFAULT_PREFIX
     state_ttl: float = 86_400.0
@@ -360,7 +370,9 @@ class Reaper:
         await self._publisher.aclose()
 
 
-async def _load_snapshot(redis: Redis, prefix: str, app_id: str, channel: str) -> bytes | None:
+async def _load_snapshot(
+    redis: RedisClient, prefix: str, app_id: str, channel: str
+) -> bytes | None:
     value: Any = await redis.get(value_key(prefix, app_id, state_key(channel)))
     return None if value is None else _bytes(value)
 
@@ -385,7 +397,7 @@ class RunQueue:
         state_ttl: seconds the failed final states of abandoned runs are kept.
     """
 
-    redis: Redis
+    redis: RedisClient
     app_id: str
     position_of: Callable[[str], Awaitable[str | None]]
     prefix: str = DEFAULT_PREFIX
@@ -519,7 +531,7 @@ class Worker:
         worker_id: this worker's name in the logs of whoever ends its runs.
     """
 
-    redis: Redis
+    redis: RedisClient
     app_id: str
     prefix: str = DEFAULT_PREFIX
     concurrency: int = 8
@@ -658,7 +670,9 @@ class WorkerSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="AGENT_WORKER_", extra="forbid")
 
-    redis_url: str = Field(default="redis://127.0.0.1:6379/0", pattern=r"^rediss?(-sentinel)?://")
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0", pattern=r"^rediss?(-sentinel|-cluster)?://"
+    )
     redis_prefix: str = Field(default=DEFAULT_PREFIX, min_length=1)
     app_id: str = Field(default="1", min_length=1)
     concurrency: int = Field(default=8, ge=1, le=1000)
@@ -674,7 +688,7 @@ class WorkerSettings(BaseSettings):
 
 
 async def _serve(settings: WorkerSettings) -> None:
-    redis = redis_client(settings.redis_url)  # redis:// or redis-sentinel://
+    redis = redis_client(settings.redis_url)  # redis://, redis-sentinel://, redis-cluster://
     await redis.ping()
     worker = Worker(
         redis,
@@ -691,7 +705,7 @@ async def _serve(settings: WorkerSettings) -> None:
         loop.add_signal_handler(sig, stop.set)
     print(
         f"agent-worker ready: runs of app {settings.app_id!r} from "
-        f"{safe_url(settings.redis_url)} (prefix {settings.redis_prefix!r})",
+        f"{display_url(settings.redis_url)} (prefix {settings.redis_prefix!r})",
         flush=True,
     )
     try:
@@ -705,7 +719,8 @@ async def _serve(settings: WorkerSettings) -> None:
     "--redis",
     "redis_url",
     envvar="REDIS_URL",
-    help="redis://host:port/db or redis-sentinel://host:port,host:port/service/db",
+    help="redis://host:port/db, redis-sentinel://host:port,host:port/service/db or "
+    "redis-cluster://host:port,host:port/ (as the servers' --backend)",
 )
 @click.option("--redis-prefix", help="key prefix of the deployment [agentbc]")
 @click.option("--app-id", help="app whose channels the runs publish on [1]")

@@ -1,7 +1,10 @@
 """The Redis backend's Lua scripts: each one is a single atomic step.
 
 Scripts read node heartbeat keys named from an argument (not declared in ``KEYS``), so
-they target a standalone Redis (or a primary with replicas), not Redis Cluster.
+they target a standalone Redis (or a primary with replicas), not Redis Cluster (which
+adapts them, see :mod:`broadcaster.backends.redis_cluster`). The connection-count
+scripts are the exception: they declare every key they touch and keep liveness in those
+keys, so they run unchanged on every topology.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
 __all__ = [
+    "CONNECTION_ADMIT",
+    "CONNECTION_BEAT",
+    "CONNECTION_RELEASE",
     "HISTORY",
     "POSITION",
     "PRESENCE_ADD",
@@ -239,5 +245,81 @@ for _, name in ipairs(names) do
   end
 end
 return out
+"""
+)
+
+# Connection counts of apps with ``max_connections``: per app, a hash node -> its count
+# of open connections and a sorted set node -> deadline (Redis time, ms) refreshed by the
+# node's heartbeat. Both keys of an app share its hash tag on Redis Cluster, and the
+# scripts read nothing else: liveness is in the same slot, so one round trip per connect.
+_CONNECTIONS_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function keep(ttl)
+  for _, key in ipairs(KEYS) do
+    if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
+  end
+end
+"""
+
+CONNECTION_ADMIT = Script(
+    """
+-- KEYS: counts hash, deadlines set. ARGV: node id, node ttl ms, limit, the node's own
+-- count (written when Redis lost it). Returns 1 (counted) or 0 (the app is at its limit
+-- on the live nodes); the check and the count are one atomic step.
+"""
+    + _CONNECTIONS_NOW
+    + """
+local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
+for _, node in ipairs(dead) do redis.call('HDEL', KEYS[1], node) end
+if #dead > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now) end
+if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
+  if tonumber(ARGV[4]) > 0 then
+    redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
+  else
+    redis.call('HDEL', KEYS[1], ARGV[1])
+  end
+end
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
+keep(ttl)
+local total = 0
+for _, count in ipairs(redis.call('HVALS', KEYS[1])) do total = total + tonumber(count) end
+if total >= tonumber(ARGV[3]) then return 0 end
+redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+return 1
+"""
+)
+
+CONNECTION_RELEASE = Script(
+    """
+-- KEYS: counts hash, deadlines set. ARGV: node id. One connection of the node closed.
+if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
+if redis.call('HINCRBY', KEYS[1], ARGV[1], -1) <= 0 then redis.call('HDEL', KEYS[1], ARGV[1]) end
+return 1
+"""
+)
+
+CONNECTION_BEAT = Script(
+    """
+-- KEYS: counts hash, deadlines set. ARGV: node id, node ttl ms, the node's count, 1 to
+-- write the count even if Redis has one. The count is written when Redis lost it (the
+-- node was taken for dead, or Redis restarted empty) or when asked.
+"""
+    + _CONNECTIONS_NOW
+    + """
+local count = tonumber(ARGV[3])
+local deadline = tonumber(redis.call('ZSCORE', KEYS[2], ARGV[1]) or '0')
+if deadline <= now or ARGV[4] == '1' then
+  if count > 0 then
+    redis.call('HSET', KEYS[1], ARGV[1], count)
+  else
+    redis.call('HDEL', KEYS[1], ARGV[1])
+  end
+end
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
+keep(ttl)
+return 1
 """
 )

@@ -27,6 +27,7 @@ __all__ = [
     "Backend",
     "BackendUnavailable",
     "Broker",
+    "Connections",
     "Control",
     "ControlHandler",
     "HistoryResult",
@@ -276,6 +277,34 @@ class Values(Protocol):
         ...
 
 
+class Connections(Protocol):
+    """Counts of open connections across nodes, for apps with ``max_connections``."""
+
+    @property
+    def counts_across_nodes(self) -> bool:
+        """True when other nodes' connections count too, so the node asks
+        :meth:`admit_connection` before admitting a connection of an app with a limit;
+        False when one process sees every connection (memory): the node's own count is
+        then the whole count and it asks nothing."""
+        ...
+
+    async def admit_connection(self, app_id: str, limit: int) -> bool:
+        """Count one more connection of ``app_id`` on this node, unless the app already
+        has ``limit`` connections on all live nodes (checked in the same atomic step as
+        the count). True when it was counted. A node's connections stop counting once
+        its heartbeat has expired (it died).
+
+        Raises:
+            BackendUnavailable: nothing was counted (the node refuses the connection).
+        """
+        ...
+
+    async def release_connection(self, app_id: str) -> None:
+        """A connection counted by :meth:`admit_connection` closed. Never fails: while
+        the backend is unreachable the count is kept here and written on reconnection."""
+        ...
+
+
 class Control(Protocol):
     """Control messages to every node (e.g. terminate a user's connections)."""
 
@@ -285,5 +314,5 @@ class Control(Protocol):
         ...
 
 
-class Backend(Broker, Presence, Values, Control, Protocol):
-    """Everything a node needs from its backend: the union of the four parts."""
+class Backend(Broker, Presence, Values, Connections, Control, Protocol):
+    """Everything a node needs from its backend: the union of the five parts."""

@@ -3,18 +3,25 @@
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
-__all__ = ["redis_client"]
+__all__ = ["RedisClient", "display_url", "redis_client"]
+
+RedisClient: TypeAlias = Redis | RedisCluster
+"""A client of a standalone Redis, of the primary Sentinel names, or of a Redis Cluster
+(commands are routed to the slot of their keys)."""
 
 
-def redis_client(url: str, *, timeout: float = 5.0) -> Redis:
-    """A client for ``redis://``/``rediss://`` or ``redis-sentinel://`` (the primary
-    Sentinel names, followed through a failover).
+def redis_client(url: str, *, timeout: float = 5.0) -> RedisClient:
+    """A client for ``redis://``/``rediss://``, ``redis-sentinel://`` (the primary
+    Sentinel names, followed through a failover) or ``redis-cluster://`` (seed nodes;
+    the slot map is discovered and followed).
 
     Raises:
-        ValueError: for a Redis Cluster URL (the run queue's scripts span keys of
-            several slots: not supported yet) or an unknown scheme.
+        ValueError: for an unknown scheme or an invalid URL.
     """
     scheme = url.split("://", 1)[0]
     if scheme in ("redis", "rediss", "unix"):
@@ -24,8 +31,16 @@ def redis_client(url: str, *, timeout: float = 5.0) -> Redis:
 
         return sentinel_client(url, timeout=timeout, connect_timeout=timeout)
     if scheme in ("redis-cluster", "rediss-cluster"):
-        raise ValueError(
-            "the run queue (agent-worker) does not support Redis Cluster yet: its scripts "
-            "span keys of several slots; use redis:// or redis-sentinel://"
-        )
+        from broadcaster.backends.redis_cluster import cluster_client
+
+        return cluster_client(url, timeout=timeout, connect_timeout=timeout)
     raise ValueError(f"not a Redis URL: {url[:60]!r}")
+
+
+def display_url(url: str) -> str:
+    """``url`` without credentials, for logs (any of the schemes above)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "<invalid redis url>"
+    netloc, slash, path = rest.partition("/")
+    return f"{scheme}://{netloc.rpartition('@')[2]}{slash}{path.split('?', 1)[0]}"

@@ -109,6 +109,7 @@ class MemoryBackend:
         self._presence: dict[_Key, _Presence] = {}
         self._counts: dict[str, dict[str, int]] = {}
         self._values: dict[_Key, tuple[bytes, float]] = {}
+        self._connections: dict[str, int] = {}
         self._sweeper: asyncio.Task[None] | None = None
 
     @property
@@ -362,6 +363,27 @@ class MemoryBackend:
             return False
         del self._values[slot]
         return held[1] > self._clock()
+
+    # -- connection counts: one process sees every connection -----------------------------
+
+    counts_across_nodes = False
+    """The node's own count is the whole count: it never asks (no await per connect)."""
+
+    async def admit_connection(self, app_id: str, limit: int) -> bool:
+        """See :meth:`broadcaster.backends.base.Backend.admit_connection`."""
+        count = self._connections.get(app_id, 0)
+        if count >= limit:
+            return False
+        self._connections[app_id] = count + 1
+        return True
+
+    async def release_connection(self, app_id: str) -> None:
+        """See :meth:`broadcaster.backends.base.Backend.release_connection`."""
+        count = self._connections.get(app_id, 0) - 1
+        if count > 0:
+            self._connections[app_id] = count
+        else:
+            self._connections.pop(app_id, None)
 
 
 _CLAIM = "\0claim:"  # a NUL never appears in a stored value's key

@@ -9,7 +9,12 @@ Layout, for ``prefix`` P and app A (app ids and channel names contain no ``:``):
     P:A:presence:<channel>   hash socket id -> {"n": node, "u": user id, "i": user info}
     P:A:subs:<node>          hash channel -> this node's subscription count
     P:A:subs-nodes           set of nodes that count subscriptions for A
+    P:A:conn-counts          hash node -> its open connections of A (apps with a limit)
+    P:A:conn-nodes           sorted set node -> deadline (Redis time, ms) of those counts
     P:#node:<node>           heartbeat of a live node (expires after ``node_ttl``)
+    P:A:value:<key>          a stored value (a session's final state)
+    P:{A}:claim:<key>        a claim (lease), e.g. a session's run; tagged as on Redis
+                             Cluster, where the run queue's scripts read it
 
 Pub/sub channels are not scoped by the database number, so deployments that share a
 Redis must use different prefixes.
@@ -39,7 +44,7 @@ import secrets
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 from urllib.parse import urlsplit
 
 import hiredis
@@ -69,6 +74,9 @@ from broadcaster.backends.base import (
     new_epoch,
 )
 from broadcaster.publication import Position, Publication
+
+if TYPE_CHECKING:
+    from redis.asyncio.cluster import RedisCluster
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -148,7 +156,7 @@ def value_key(prefix: str, app_id: str, key: str) -> str:
 
 
 async def store_value_via_redis(
-    client: Redis, prefix: str, app_id: str, key: str, value: bytes, ttl: float
+    client: Redis | RedisCluster, prefix: str, app_id: str, key: str, value: bytes, ttl: float
 ) -> None:
     """Store a value as the Redis backend does, for processes that run no node (e.g.
     an agent worker storing a session's final state).
@@ -511,6 +519,9 @@ class RedisBackend:
         self._counts_pending: set[tuple[str, str]] = set()  # to write in this tick's batch
         self._counts_written: asyncio.Future[None] | None = None  # ...when it is written
         self._counts_writer: asyncio.Task[None] | None = None  # the write in flight
+        self._connections: dict[str, int] = {}  # app -> connections counted in Redis
+        self._admitting: dict[str, int] = {}  # app -> admissions sent, not answered yet
+        self._connections_dirty: set[str] = set()  # apps whose count Redis may have wrong
         self._tasks: list[asyncio.Task[None]] = []
         self._outbox: list[_Outgoing] = []  # publications of this tick, not sent yet
         self._sending: set[asyncio.Task[None]] = set()
@@ -580,6 +591,7 @@ class RedisBackend:
         self._presence.clear()
         self._presence_dirty.clear()
         self._counts.clear()
+        self._connections.clear()
         await self._drop_pubsub()
         await self._close_clients()
         log.info("Redis backend of node %s stopped", self._node_id)
@@ -1278,6 +1290,7 @@ class RedisBackend:
         for key in self._presence:
             pipe.pexpire(key, ttl)
         await pipe.execute()
+        await self._beat_connections()
 
     async def _restore(self) -> None:
         """Write this node's heartbeat, subscription counts and presence entries (after a
@@ -1297,6 +1310,7 @@ class RedisBackend:
             pairs = [item for pair in self._presence.get(key, {}).items() for item in pair]
             await _lua.PRESENCE_RESTORE.run(self._client, (key,), (self._node_id, ttl, *pairs))
             self._presence_dirty.discard(key)
+        await self._beat_connections(force=True)
 
     async def _withdraw(self) -> None:
         """On stop: this node's counts and presence entries disappear at once."""
@@ -1307,8 +1321,82 @@ class RedisBackend:
         for key, local in self._presence.items():
             if local:
                 pipe.hdel(key, *local)
+        self._withdraw_connections(pipe)
         async with asyncio.timeout(self.command_timeout):
             await pipe.execute()
+
+    # -- connection counts (apps with max_connections) ------------------------------------
+
+    counts_across_nodes = True
+    """Every node's connections count: see :meth:`admit_connection`."""
+
+    async def admit_connection(self, app_id: str, limit: int) -> bool:
+        """See :meth:`broadcaster.backends.base.Backend.admit_connection`: one script
+        (:data:`broadcaster.backends._lua.CONNECTION_ADMIT`) on the app's two keys, which
+        also forgets the counts of nodes whose heartbeat deadline passed.
+
+        Raises:
+            BackendUnavailable: Redis is unreachable or did not answer; nothing was
+                counted (if the count went through unanswered, the next heartbeat
+                writes this node's true count).
+        """
+        self._check_ready()
+        if not self._responsive:  # a command just went unanswered: fail fast, not late
+            raise BackendUnavailable(f"Redis at {self.url} does not answer; retry later")
+        counted = self._connections.get(app_id, 0)
+        args = (self._node_id, _ms(self.node_ttl), limit, counted)
+        self._admitting[app_id] = self._admitting.get(app_id, 0) + 1
+        try:
+            keys = self._connection_keys(app_id)
+            admitted = await _lua.CONNECTION_ADMIT.run(self._client, keys, args)
+        except _ERRORS as exc:
+            self._connections_dirty.add(app_id)
+            raise self._failed("count a connection", exc) from exc
+        finally:
+            self._admitting[app_id] -= 1
+        if not admitted:
+            return False
+        self._connections[app_id] = self._connections.get(app_id, 0) + 1
+        return True
+
+    async def release_connection(self, app_id: str) -> None:
+        """See :meth:`broadcaster.backends.base.Backend.release_connection`."""
+        try:
+            if not self.ready:
+                raise BackendUnavailable("not connected, or not answering")
+            await _lua.CONNECTION_RELEASE.run(
+                self._client, self._connection_keys(app_id), (self._node_id,)
+            )
+        except (BackendUnavailable, *_ERRORS) as exc:
+            self._connections_dirty.add(app_id)  # the heartbeat writes the true count
+            log.debug("connection count of app %s not lowered (%s)", app_id, exc)
+        finally:
+            # Lowered only once Redis has (or could not): a heartbeat meanwhile writes
+            # a count too high rather than too low.
+            self._connections[app_id] = self._connections.get(app_id, 1) - 1
+
+    async def _beat_connections(self, *, force: bool = False) -> None:
+        """Refresh this node's deadline in the connection counts of every app it has
+        counted connections of; write its count where Redis lost it (or everywhere with
+        ``force``). Admissions still unanswered are included: a count written while
+        commands are in flight errs on the high side."""
+        ttl = _ms(self.node_ttl)
+        for app_id in set(self._connections) | self._connections_dirty:
+            count = self._connections.get(app_id, 0) + self._admitting.get(app_id, 0)
+            write = force or app_id in self._connections_dirty
+            args = (self._node_id, ttl, count, 1 if write else 0)
+            await _lua.CONNECTION_BEAT.run(self._client, self._connection_keys(app_id), args)
+            self._connections_dirty.discard(app_id)
+            self._connections.setdefault(app_id, 0)  # kept (one per app) even at zero
+
+    def _withdraw_connections(self, pipe: Any) -> None:
+        for app_id in self._connections:
+            keys = self._connection_keys(app_id)
+            pipe.hdel(keys[0], self._node_id)
+            pipe.zrem(keys[1], self._node_id)
+
+    def _connection_keys(self, app_id: str) -> tuple[str, str]:
+        return (self._key(app_id, "conn-counts"), self._key(app_id, "conn-nodes"))
 
     # -- claims (leases) ------------------------------------------------------------------
 
@@ -1378,8 +1466,12 @@ return 0
 
 
 def claim_key(prefix: str, app_id: str, key: str) -> str:
-    """The Redis key of a claim (see :meth:`RedisBackend.claim_value`)."""
-    return f"{prefix}:{app_id}:claim:{key}"
+    """The Redis key of a claim (see :meth:`RedisBackend.claim_value`).
+
+    Tagged with the app (``{A}``) on every topology, so that on Redis Cluster the run
+    queue's scripts (:mod:`agent_core.app.worker`) find a session's claim in the slot of
+    the app's queue keys."""
+    return f"{prefix}:{{{app_id}}}:claim:{key}"
 
 
 async def claim_via_redis(

@@ -14,8 +14,12 @@ channel's shard channel (``SPUBLISH``/``SSUBSCRIBE``) lives on that slot too::
     P:{A}:#control             shard channel of the app's control messages
     P:{A}:subs:<node>          hash channel -> the node's subscription count
     P:{A}:subs-nodes           set of nodes that count subscriptions for A
+    P:{A}:conn-counts          hash node -> its open connections of A (apps with a limit)
+    P:{A}:conn-nodes           sorted set node -> deadline of those counts (Redis time)
     P:{#nodes}                 sorted set node -> heartbeat deadline (Redis time, ms)
-    P:A:value:<key>, P:A:claim:<key>   single-key values and claims (any slot)
+    P:A:value:<key>            single-key values (any slot)
+    P:{A}:claim:<key>          claims, in the app's slot (the run queue's scripts read
+                               a session's claim with the app's queue keys)
 
 Keys that span channels are tagged per app (``{A}``: one slot per app) or, for node
 liveness, kept in one sorted set whose scores are deadlines taken from Redis's own clock.
@@ -282,6 +286,9 @@ class RedisClusterBackend(RedisBackend):
         self._prober = cluster_client(url, **timeouts)  # type: ignore[assignment]
         self._nodes_key = f"{self.prefix}:{{#nodes}}"
         self._shards: dict[tuple[str, int], _Shard] = {}
+        self._opening: dict[tuple[str, int], asyncio.Future[_Shard]] = {}
+        # (S)SUBSCRIBE commands of this tick, not sent yet: one write per shard.
+        self._shard_outbox: list[tuple[_Shard, bytes, bytes, asyncio.Future[None]]] = []
         self._trouble = asyncio.Event()
         self._moved: set[bytes] = set()
 
@@ -349,9 +356,18 @@ class RedisClusterBackend(RedisBackend):
 
     async def _shard_command(self, kind: bytes, name: bytes) -> None:
         """Send SSUBSCRIBE/SUNSUBSCRIBE on the shard of ``name`` and wait for Redis to
-        confirm it; give up quietly when the shard is away (the resync restores it)."""
+        confirm it; give up quietly when the shard is away (the resync restores it).
+
+        The commands of one event-loop tick (a reconnect storm's thousands of
+        subscribes) go out in one write per shard, in the order of the calls: one
+        command per channel still, as Redis takes only channels of one slot in one
+        SSUBSCRIBE and every channel has a slot of its own."""
         if not self._ready:
             return
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        waiters = self._waiters.setdefault((kind, name), deque())
+        waiters.append(waiter)
         try:
             if kind == b"ssubscribe":
                 shard = await self._shard(self._owner(name))
@@ -362,21 +378,45 @@ class RedisClusterBackend(RedisBackend):
                     return
                 shard = found
                 shard.channels.discard(name)
-            waiter = asyncio.get_running_loop().create_future()
-            waiters = self._waiters.setdefault((kind, name), deque())
-            waiters.append(waiter)
-            try:
-                await shard.conn.send_command(kind.upper(), name, check_health=False)
-                async with asyncio.timeout(self.command_timeout):
-                    await waiter
-            finally:
-                if waiter in waiters:
-                    waiters.remove(waiter)
-                if not waiters and self._waiters.get((kind, name)) is waiters:
-                    del self._waiters[(kind, name)]
+            self._shard_outbox.append((shard, kind, name, waiter))
+            if len(self._shard_outbox) == 1:
+                loop.call_soon(self._send_shard_outbox)
+            async with asyncio.timeout(self.command_timeout):
+                await waiter
         except (TimeoutError, *_ERRORS) as exc:
             log.debug("%r %r not confirmed (%s); restored by the resync", kind, name, exc)
             self._trouble.set()
+        finally:
+            if waiter in waiters:
+                waiters.remove(waiter)
+            if not waiters and self._waiters.get((kind, name)) is waiters:
+                del self._waiters[(kind, name)]
+
+    def _send_shard_outbox(self) -> None:
+        # A waiter already done was cancelled, or released by a lost connection.
+        batch = [item for item in self._shard_outbox if not item[3].done()]
+        self._shard_outbox = []
+        by_shard: dict[int, list[tuple[_Shard, bytes, bytes, asyncio.Future[None]]]] = {}
+        for item in batch:
+            by_shard.setdefault(id(item[0]), []).append(item)
+        loop = asyncio.get_running_loop()
+        for items in by_shard.values():
+            task = loop.create_task(self._send_to_shard(items))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    @staticmethod
+    async def _send_to_shard(
+        items: list[tuple[_Shard, bytes, bytes, asyncio.Future[None]]],
+    ) -> None:
+        conn = items[0][0].conn
+        try:
+            packed = conn.pack_commands([(kind.upper(), name) for _, kind, name, _ in items])
+            await conn.send_packed_command(packed, check_health=False)
+        except _ERRORS as exc:
+            for *_, waiter in items:
+                if not waiter.done():
+                    waiter.set_exception(exc)
 
     def _owner(self, name: bytes) -> tuple[str, int]:
         node = self.cluster.nodes_manager.get_node_from_slot(key_slot(name))
@@ -386,8 +426,26 @@ class RedisClusterBackend(RedisBackend):
         shard = self._shards.get(address)
         if shard is not None and shard.conn.is_connected:
             return shard
-        if shard is not None:
-            await self._close_shard(shard)
+        opening = self._opening.get(address)
+        if opening is not None:  # one connection per shard, however many callers race
+            return await asyncio.shield(opening)
+        opening = self._opening[address] = asyncio.get_running_loop().create_future()
+        try:
+            if shard is not None:
+                await self._close_shard(shard)
+            shard = await self._open_shard(address)
+        except BaseException as exc:
+            failed = exc if isinstance(exc, Exception) else ConnectionError("cancelled")
+            opening.set_exception(failed)  # the callers that wait get it raised
+            opening.exception()  # (and no "never retrieved" warning if none waits)
+            raise
+        else:
+            opening.set_result(shard)
+        finally:
+            del self._opening[address]
+        return shard
+
+    async def _open_shard(self, address: tuple[str, int]) -> _Shard:
         conn = self._shard_connection(address)
         await conn.connect()  # type: ignore[no-untyped-call]
         shard = _Shard(address, conn, pong_at=asyncio.get_running_loop().time())
@@ -586,6 +644,7 @@ class RedisClusterBackend(RedisBackend):
         for key in self._presence:
             pipe.pexpire(key, _ms(self.node_ttl))
         await pipe.execute()
+        await self._beat_connections()
 
     async def _beat(self) -> bool:
         args = (self._node_id, _ms(self.node_ttl))
@@ -609,6 +668,7 @@ class RedisClusterBackend(RedisBackend):
             args = (self._node_id, ttl, *pairs)
             await SCRIPTS.PRESENCE_RESTORE.run(self._client, (key,), args)
             self._presence_dirty.discard(key)
+        await self._beat_connections(force=True)
 
     async def _withdraw(self) -> None:
         pipe = self.cluster.pipeline()
@@ -618,6 +678,7 @@ class RedisClusterBackend(RedisBackend):
         for key, local in self._presence.items():
             if local:
                 pipe.hdel(key, *local)
+        self._withdraw_connections(pipe)
         async with asyncio.timeout(self.command_timeout):
             await pipe.execute()
 

@@ -346,6 +346,45 @@ async def test_subscription_counts_are_summed_over_nodes(
     assert await first.backend.subscription_counts(APP) == {}
 
 
+# -- connection counts --------------------------------------------------------------------
+
+
+async def test_connection_counts_hold_an_apps_limit_on_every_node(
+    backend_factory: BackendFactory,
+) -> None:
+    first, second = await two_nodes(backend_factory)
+    assert [await first.backend.admit_connection(APP, 4) for _ in range(3)] == [True] * 3
+    assert [await second.backend.admit_connection(APP, 4) for _ in range(2)] == [True, False]
+    assert await second.backend.admit_connection(OTHER_APP, 1) is True, "apps count apart"
+
+    await first.backend.release_connection(APP)
+    assert await second.backend.admit_connection(APP, 4) is True
+    assert await first.backend.admit_connection(APP, 4) is False
+
+
+async def test_concurrent_admissions_on_two_nodes_never_exceed_the_limit(
+    backend_factory: BackendFactory,
+) -> None:
+    first, second = await two_nodes(backend_factory)
+    answers = await asyncio.gather(
+        *(node.backend.admit_connection(APP, 7) for node in (first, second) * 15)
+    )
+    assert answers.count(True) == 7
+
+
+@pytest.mark.multi_node
+async def test_a_stopped_nodes_connections_stop_counting_at_once(
+    backend_factory: BackendFactory,
+) -> None:
+    first, second = await two_nodes(backend_factory)
+    assert await first.backend.admit_connection(APP, 2) is True
+    assert await first.backend.admit_connection(APP, 2) is True
+    assert await second.backend.admit_connection(APP, 2) is False
+
+    await first.backend.stop()
+    assert await second.backend.admit_connection(APP, 2) is True
+
+
 # -- control ------------------------------------------------------------------------------
 
 

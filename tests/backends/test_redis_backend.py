@@ -424,3 +424,47 @@ def test_the_pubsub_reader_refuses_a_connection_it_cannot_take_over() -> None:
 def test_the_read_delay_is_validated() -> None:
     with pytest.raises(ValueError, match="read_delay must be 0-1 seconds"):
         RedisBackend("redis://localhost", read_delay=2)
+
+
+async def test_a_connection_count_redis_lost_is_written_back_by_the_heartbeat(
+    redis_factory: RedisFactory, cluster: Callable[..., Any]
+) -> None:
+    """Redis restarted empty (or took the node for dead): the node's heartbeat writes its
+    count again, so the limit holds on without the node's clients reconnecting."""
+    redis = redis_factory()
+    holder = await cluster(redis.url, node_ttl=0.6)
+    other = await cluster(redis.url, node_ttl=0.6)
+    assert await holder.backend.admit_connection(APP, 2) is True
+    assert await holder.backend.admit_connection(APP, 2) is True
+    client = Redis.from_url(redis.url)
+    try:
+        await client.delete(*holder.backend._connection_keys(APP))
+        await eventually_async(
+            lambda: client.hget(holder.backend._connection_keys(APP)[0], holder.backend.node_id),
+            "the heartbeat to write the count back",
+        )
+    finally:
+        await client.aclose()
+    assert await other.backend.admit_connection(APP, 2) is False
+
+
+async def test_a_release_redis_did_not_take_is_written_once_it_answers(
+    redis_factory: RedisFactory, cluster: Callable[..., Any]
+) -> None:
+    """Redis froze (data kept) while a connection closed: the node's count there is one
+    too high until Redis answers again, then the heartbeat writes the true count."""
+    redis = redis_factory()
+    holder = await cluster(redis.url, command_timeout=0.3, node_ttl=1.5)
+    other = await cluster(redis.url)
+    assert await holder.backend.admit_connection(APP, 2) is True
+    assert await holder.backend.admit_connection(APP, 2) is True
+    assert redis.proc is not None
+    redis.proc.send_signal(signal.SIGSTOP)
+    try:
+        await eventually(lambda: not holder.backend.ready, "the node to notice")
+        await holder.backend.release_connection(APP)  # never fails; nothing sent
+    finally:
+        redis.proc.send_signal(signal.SIGCONT)
+    await eventually_async(
+        lambda: other.backend.admit_connection(APP, 2), "the true count to be written"
+    )

@@ -3,6 +3,7 @@ subscriptions only where needed, following slot moves and a primary's failover."
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -114,6 +115,41 @@ async def test_a_subscription_follows_its_slot_to_another_primary(
     assert [p.data for p in subscriber.on(channel)] == ["before", "after"]
     assert position is not None
     assert position.offset == 2
+
+
+async def test_a_subscriber_of_many_channels_gets_all_of_them_back_after_losing_its_shards(
+    nodes: Start, redis_cluster: ClusterTopology
+) -> None:
+    """300 subscribes at once open one connection per shard, not one per racing
+    subscribe; every shard connection is then killed (as a network cut would): the node
+    subscribes its channels again and receives on each."""
+    publisher, subscriber = await nodes(apps=()), await nodes()
+    channels = [f"many-{i}" for i in range(300)]
+    await asyncio.gather(*(subscriber.backend.subscribe(APP, c) for c in channels))
+    reconnects = subscriber.backend.reconnects
+    subscribers = {p.port: _shard_subscribers(p.port) for p in redis_cluster.primaries()}
+    assert [len(ids) for ids in subscribers.values()] == [1, 1, 1]
+
+    for port, ids in subscribers.items():
+        for client_id in ids:
+            command(port, "client", "kill", "id", client_id)
+    await eventually(lambda: subscriber.backend.reconnects > reconnects, "the resubscription")
+    assert subscriber.backend.ready
+
+    await asyncio.gather(*(publisher.backend.publish(pub(c, c)) for c in channels))
+    for channel in channels:
+        await subscriber.wait_for(channel)
+    assert sorted(p.channel for p in subscriber.publications) == sorted(channels)
+
+
+def _shard_subscribers(port: int) -> list[str]:
+    """Ids of the clients of the Redis at ``port`` with sharded subscriptions."""
+    ids = []
+    for line in command(port, "client", "list").splitlines():
+        fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+        if int(fields.get("ssub", "0")) > 0:
+            ids.append(fields["id"])
+    return ids
 
 
 async def test_agents_publish_through_the_cluster_as_the_nodes_do(nodes: Start) -> None:

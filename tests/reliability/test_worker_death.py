@@ -1,7 +1,7 @@
 """A killed worker does not lose its run (issue 13, point 11): web node, workers and a
-private redis-server as real processes; the worker running a paced run is SIGKILLed,
-another starts, and the run's followers get a final ``failed`` agent.status, the state
-is served and the session takes a new run."""
+private redis-server (or the 6-node Redis Cluster) as real processes; the worker running
+a paced run is SIGKILLed, another starts, and the run's followers get a final
+``failed`` agent.status, the state is served and the session takes a new run."""
 
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ Connect = Callable[..., Awaitable[Client]]
 
 
 @pytest.fixture
-def workers(redis_server: RedisServer) -> Iterator[Callable[[str], WorkerProcess]]:
-    """Start workers with a 1 s lease; all are stopped afterwards."""
+def workers() -> Iterator[Callable[[str, str], WorkerProcess]]:
+    """Start workers on a Redis URL with a 1 s lease; all are stopped afterwards."""
     started: list[WorkerProcess] = []
 
-    def start(prefix: str) -> WorkerProcess:
+    def start(url: str, prefix: str) -> WorkerProcess:
         env = {"AGENT_WORKER_LEASE": "1"}
-        worker = WorkerProcess(redis_server.url, prefix, env=env).started()
+        worker = WorkerProcess(url, prefix, env=env).started()
         started.append(worker)
         return worker
 
@@ -38,17 +38,20 @@ def workers(redis_server: RedisServer) -> Iterator[Callable[[str], WorkerProcess
             worker.stop()
 
 
+@pytest.mark.parametrize("topology", ["redis_server", "redis_cluster"])
 async def test_a_sigkilled_workers_run_ends_failed_and_frees_its_session(
+    topology: str,
     server_factory: ServerFactory,
-    redis_server: RedisServer,
-    workers: Callable[[str], WorkerProcess],
+    workers: Callable[[str, str], WorkerProcess],
     clients: Connect,
+    request: pytest.FixtureRequest,
 ) -> None:
-    prefix = "worker-death"
+    url = request.getfixturevalue(topology).url
+    prefix = f"worker-death-{topology}"
     # The web node looks for abandoned runs only every 20 s: the new worker must.
     env = {"AGENT_DEMO_RUN_MODE": "queue", "AGENT_DEMO_RUN_LEASE": "60"}
-    web = server_factory("--demo", "--backend", redis_server.url, "--redis-prefix", prefix, env=env)
-    doomed = workers(prefix)
+    web = server_factory("--demo", "--backend", url, "--redis-prefix", prefix, env=env)
+    doomed = workers(url, prefix)
     client = await clients(f"{web.ws_url}/app/agent-key?protocol=7")
     run = await start_run(web.url, pace_ms=150, trace=True)
     await subscribe(client, run["channel"], run["position"])
@@ -57,7 +60,7 @@ async def test_a_sigkilled_workers_run_ends_failed_and_frees_its_session(
 
     doomed.kill()
     killed_at = time.monotonic()
-    workers(prefix)
+    workers(url, prefix)
     after = await read_run(client)
     detected_in = time.monotonic() - killed_at
 
@@ -67,7 +70,8 @@ async def test_a_sigkilled_workers_run_ends_failed_and_frees_its_session(
     assert final["stop_reason"] == "error"
     assert "stopped renewing its lease: it died" in final["error_message"]
     assert final["state_url"] == run["state_url"]
-    report("worker killed mid-run", lease_s=1, detected_in_s=round(detected_in, 2))
+    section = "worker killed mid-run" + (" (Redis Cluster)" if topology == "redis_cluster" else "")
+    report(section, lease_s=1, detected_in_s=round(detected_in, 2))
     async with httpx.AsyncClient() as http:
         state = await http.get(f"{web.url}{run['state_url']}")
         assert state.status_code == 200, state.text

@@ -161,7 +161,7 @@ async def test_a_completed_queued_run_leaves_no_bookkeeping_in_redis(
     try:
 
         async def bookkeeping() -> list[str]:
-            names = [k.decode() async for k in redis.scan_iter(f"{PREFIX}:1:*")]
+            names = [k.decode() async for k in redis.scan_iter(f"{PREFIX}:*")]
             return [n for n in names if ":run" in n or ":claim:" in n or ":client-runs:" in n]
 
         await eventually(lambda: _empty(bookkeeping), "the worker to finish the run")
@@ -188,15 +188,15 @@ async def test_a_worker_that_lost_its_lease_stops_the_run(redis_server: RedisSer
     consuming = asyncio.create_task(worker.run_forever(stop))
     try:
         run = await queue.start(RunRequest(input="Weather in Oslo?", pace_ms=300))
-        takers = f"{prefix}:1:run-takers"
+        takers = f"{prefix}:{{1}}:run-takers"
         await eventually(lambda: redis.hlen(takers), "the worker to take the run")
         run_id = (await redis.hkeys(takers))[0]
-        await redis.zrem(f"{prefix}:1:run-leases", run_id)
+        await redis.zrem(f"{prefix}:{{1}}:run-leases", run_id)
 
         await eventually(lambda: worker.completed == 1, "the worker to stop the run")
         state = await redis.get(f"{prefix}:1:value:{state_key(run.channel)}")
         assert state is None, "the run was stopped before its end"
-        assert await redis.exists(f"{prefix}:1:claim:run:{run.session_id}") == 0
+        assert await redis.exists(f"{prefix}:{{1}}:claim:run:{run.session_id}") == 0
     finally:
         stop.set()
         await consuming
@@ -217,7 +217,7 @@ async def test_a_queued_job_carries_the_mode_the_web_process_chose(
     try:
         await queue.start(RunRequest(input="hi", session_id="m1"))
         await queue.start(RunRequest(input="hi", session_id="m2", mode="agent"))
-        jobs = [orjson.loads(j) for j in await redis.hvals("wire-mode:1:run-jobs")]
+        jobs = [orjson.loads(j) for j in await redis.hvals("wire-mode:{1}:run-jobs")]
     finally:
         await redis.delete(*[k async for k in redis.scan_iter("wire-mode:*")])
         await queue.aclose()
