@@ -186,12 +186,12 @@ class Reader:
 class Publisher:
     """Publishes seq 0, 1, 2, ... on ``channel``, alternating between nodes; a refused
     attempt (any answer but 200, or none) is retried with the same seq on the other
-    node. ``accepted_at`` is when each seq was accepted (monotonic)."""
+    node. ``sent_at`` is when the accepted attempt of each seq was sent (monotonic)."""
 
     urls: list[str]
     channel: str
     accepted: list[int] = field(default_factory=list)
-    accepted_at: list[float] = field(default_factory=list)
+    sent_at: list[float] = field(default_factory=list)
     refused: int = 0
     retried: set[int] = field(default_factory=set)
 
@@ -202,6 +202,7 @@ class Publisher:
                 seq = len(self.accepted)
                 url = self.urls[attempt % len(self.urls)]
                 attempt += 1
+                sent = time.monotonic()
                 try:
                     response = await publish(http, url, self.channel, "seq", str(seq))
                     ok = response.status_code == 200
@@ -209,7 +210,7 @@ class Publisher:
                     ok = False
                 if ok:
                     self.accepted.append(seq)
-                    self.accepted_at.append(time.monotonic())
+                    self.sent_at.append(sent)
                     await asyncio.sleep(0.004)
                 else:
                     self.refused += 1
