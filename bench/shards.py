@@ -183,6 +183,7 @@ async def _publish(cfg: dict[str, Any]) -> None:
         flush=True,
     )
     await client.aclose()
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "close"
 
 
 # -- the scenario -------------------------------------------------------------------------

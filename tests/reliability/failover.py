@@ -57,7 +57,7 @@ from tests.support.topologies import ClusterTopology, ConfiguredRedis, SentinelT
 __all__ = ["ClusterFaults", "Faults", "SentinelFaults", "Trial", "failover_trial"]
 
 PREFIX = "failover"
-SERVE_ARGS = ("--redis-prefix", PREFIX, "--log-level", "error", "--history-size", "5000")
+SERVE_ARGS = ("--redis-prefix", PREFIX, "--log-level", "warning", "--history-size", "5000")
 
 
 class Faults(Protocol):
@@ -307,6 +307,11 @@ async def _trials(topology: str, count: int, cut: bool) -> list[Trial]:
             trial = await failover_trial(faults, nodes, channel, topology, cut=cut)
             trials.append(trial)
             print(json.dumps(asdict(trial)), flush=True)
+            for node in nodes:  # what the nodes said about channels that missed something
+                for line in node.output if trial.silent_gaps else ():
+                    if "missed" in line:
+                        print(f"{node.url}: {line.strip()}", file=sys.stderr)
+                node.output.clear()
             faults.heal(victim)
             for node in nodes:
                 await becomes(node, 200, within=40)
