@@ -186,7 +186,12 @@ async def _run(args: argparse.Namespace, sizes: Sizes) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the bench; 0 when every run completed, 1 when one failed."""
-    args = _parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if "--shards" in argv:  # 1 vs 3 Redis Cluster shards, our server only (bench/shards.py)
+        from bench import shards
+
+        return shards.main([a for a in argv if a != "--shards"])
+    args = _parse(argv)
     for tool in ("node", "redis-server"):
         if shutil.which(tool) is None:
             sys.exit(f"scripts/bench: {tool} is missing (scripts/install --test installs it)")

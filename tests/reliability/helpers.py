@@ -1,23 +1,26 @@
 """Helpers of the reliability tests: signed HTTP publishing, /metrics and /proc
-readings, and the figures report (printed and merged into artifacts/reliability.json)."""
+readings, the figures report (printed and merged into artifacts/reliability.json), and
+the numbered stream the Redis fault tests account with (``Publisher``, ``Reader``)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
 import re
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from broadcaster.signing import signed_params
-from tests.support.live import APP_ID, KEY, SECRET
-from tests.support.processes import REPO
+from tests.support.live import APP_ID, KEY, SECRET, Client
+from tests.support.processes import REPO, ServerProcess
 
 ARTIFACT = REPO / "artifacts" / "reliability.json"
 WS_PATH = f"/app/{KEY}?protocol=7"
@@ -135,3 +138,105 @@ async def status(base_url: str, path: str) -> int:
             return (await http.get(f"{base_url}{path}", timeout=2)).status_code
     except httpx.HTTPError:
         return 0
+
+
+# -- a stream of numbered publications under faults (the Redis fault tests) ---------------
+
+
+@dataclass
+class Reader:
+    """A client reading a channel in the background: the seq numbers, positions and
+    arrival times (monotonic) of the ``seq`` events it got, the resume answers, and
+    how its reading ended (``None`` while it reads)."""
+
+    client: Client
+    seqs: list[int] = field(default_factory=list)
+    positions: list[str] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    resumes: list[dict[str, Any]] = field(default_factory=list)
+    ended: str | None = None
+    task: asyncio.Task[None] | None = None
+
+    def start(self) -> Reader:
+        self.task = asyncio.create_task(self._read())
+        return self
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                message = await self.client.recv(within=60)
+                if message["event"] == "broadcaster:resume":
+                    self.resumes.append(message["data"])
+                elif message["event"] == "seq":
+                    self.seqs.append(int(message["data"]))
+                    self.positions.append(message["position"])
+                    self.times.append(time.monotonic())
+        except Exception as exc:  # closed by the server, or silent for a minute
+            self.ended = f"{type(exc).__name__}: {exc}"
+
+    async def stop(self) -> None:
+        await self.client.close()
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+
+@dataclass
+class Publisher:
+    """Publishes seq 0, 1, 2, ... on ``channel``, alternating between nodes; a refused
+    attempt (any answer but 200, or none) is retried with the same seq on the other
+    node. ``sent_at`` is when the accepted attempt of each seq was sent (monotonic)."""
+
+    urls: list[str]
+    channel: str
+    accepted: list[int] = field(default_factory=list)
+    sent_at: list[float] = field(default_factory=list)
+    refused: int = 0
+    retried: set[int] = field(default_factory=set)
+
+    async def run(self, until: Callable[[], bool]) -> None:
+        attempt = 0
+        async with httpx.AsyncClient(timeout=5) as http:
+            while not until():
+                seq = len(self.accepted)
+                url = self.urls[attempt % len(self.urls)]
+                attempt += 1
+                sent = time.monotonic()
+                try:
+                    response = await publish(http, url, self.channel, "seq", str(seq))
+                    ok = response.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if ok:
+                    self.accepted.append(seq)
+                    self.sent_at.append(sent)
+                    await asyncio.sleep(0.004)
+                else:
+                    self.refused += 1
+                    self.retried.add(seq)
+                    await asyncio.sleep(0.02)
+
+
+def deduplicated(seqs: list[int], retried: set[int]) -> list[int]:
+    """``seqs`` without the repeats of a retried seq (a refused attempt whose outcome
+    was unknown may have been published: at-least-once for retries)."""
+    out: list[int] = []
+    for seq in seqs:
+        if out and out[-1] == seq and seq in retried:
+            continue
+        out.append(seq)
+    return out
+
+
+def alive(node: ServerProcess) -> bool:
+    return node.proc is not None and node.proc.poll() is None
+
+
+async def becomes(node: ServerProcess, code: int, within: float = 20) -> None:
+    """Wait until the node's /ready answers ``code``."""
+
+    async def answers() -> bool:
+        return await status(node.url, "/ready") == code
+
+    await eventually(answers, f"{node.url}/ready to answer {code}", within=within)

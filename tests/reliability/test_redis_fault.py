@@ -14,15 +14,22 @@ Redis lost that history: a new epoch), never handed a silent gap.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.reliability.helpers import WS_PATH, eventually, publish, report, status
+from tests.reliability.helpers import (
+    WS_PATH,
+    Publisher,
+    Reader,
+    alive,
+    becomes,
+    deduplicated,
+    eventually,
+    report,
+    status,
+)
 from tests.support.live import Client
 from tests.support.processes import RedisServer, ServerFactory, ServerProcess
 
@@ -30,81 +37,6 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 CHANNEL = "agent.redis-fault"
 TOTAL = 300  # accepted publications in the run
-
-
-@dataclass
-class Reader:
-    """A client reading the channel in the background: the seq numbers and positions of
-    the channel events it got, and the resume answers."""
-
-    client: Client
-    seqs: list[int] = field(default_factory=list)
-    positions: list[str] = field(default_factory=list)
-    resumes: list[dict[str, Any]] = field(default_factory=list)
-    task: asyncio.Task[None] | None = None
-
-    def start(self) -> Reader:
-        self.task = asyncio.create_task(self._read())
-        return self
-
-    async def _read(self) -> None:
-        with contextlib.suppress(Exception):
-            while True:
-                message = await self.client.recv(within=60)
-                if message["event"] == "broadcaster:resume":
-                    self.resumes.append(message["data"])
-                elif message["event"] == "seq":
-                    self.seqs.append(int(message["data"]))
-                    self.positions.append(message["position"])
-
-    async def stop(self) -> None:
-        await self.client.close()
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-
-
-@dataclass
-class Publisher:
-    """Publishes seq 0, 1, 2, ... alternating between nodes; a refused attempt (any
-    answer but 200, or none) is retried with the same seq on the other node."""
-
-    urls: list[str]
-    accepted: list[int] = field(default_factory=list)
-    refused: int = 0
-    retried: set[int] = field(default_factory=set)
-
-    async def run(self, until: Callable[[], bool]) -> None:
-        attempt = 0
-        async with httpx.AsyncClient(timeout=5) as http:
-            while not until():
-                seq = len(self.accepted)
-                url = self.urls[attempt % len(self.urls)]
-                attempt += 1
-                try:
-                    response = await publish(http, url, CHANNEL, "seq", str(seq))
-                    ok = response.status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                if ok:
-                    self.accepted.append(seq)
-                    await asyncio.sleep(0.004)
-                else:
-                    self.refused += 1
-                    self.retried.add(seq)
-                    await asyncio.sleep(0.02)
-
-
-def deduplicated(seqs: list[int], retried: set[int]) -> list[int]:
-    """``seqs`` without the repeats of a retried seq (a refused attempt whose outcome
-    was unknown may have been published: at-least-once for retries)."""
-    out: list[int] = []
-    for seq in seqs:
-        if out and out[-1] == seq and seq in retried:
-            continue
-        out.append(seq)
-    return out
 
 
 async def connect(server: ServerProcess) -> Client:
@@ -140,7 +72,7 @@ async def test_nothing_accepted_is_lost_when_redis_is_killed_and_restarted(
     await subscribe(within.client)
     within.start()
 
-    publisher = Publisher([n.url for n in nodes])
+    publisher = Publisher([n.url for n in nodes], CHANNEL)
     pub_task = asyncio.create_task(publisher.run(lambda: len(publisher.accepted) >= TOTAL))
     accepted_before_kill = 0
     try:
@@ -217,16 +149,3 @@ async def test_nothing_accepted_is_lost_when_redis_is_killed_and_restarted(
         resumed_recovered=again.resumes[0]["recovered"],
         resumed_across_restart_recovered=back.resumes[0]["recovered"],
     )
-
-
-def alive(node: ServerProcess) -> bool:
-    return node.proc is not None and node.proc.poll() is None
-
-
-async def becomes(node: ServerProcess, code: int) -> None:
-    """Wait until the node's /ready answers ``code``."""
-
-    async def answers() -> bool:
-        return await status(node.url, "/ready") == code
-
-    await eventually(answers, f"{node.url}/ready to answer {code}")

@@ -1,0 +1,362 @@
+"""One failover under publishing load, with accounting: SIGKILL the Redis primary that
+serves a channel (a Redis Cluster primary, or the primary Sentinel names) while two
+server processes deliver the channel to live WebSocket clients and a publisher keeps
+publishing through the nodes' HTTP API.
+
+Used by ``test_redis_failover.py`` (one trial per topology, asserting) and by
+``scripts/failover-trials`` (many trials, figures for docs/reliability.md):
+``python -m tests.reliability.failover --topology cluster --trials 20``.
+
+What a trial checks (``Trial.silent_gaps`` lists every violation):
+
+* the live clients stay connected and get every accepted publication exactly once and
+  in order (a retried one may repeat: at-least-once for retries);
+* a client that left just before the kill and resumes after the failover gets every
+  accepted publication it missed (``recovered: true``), or is told ``recovered: false``;
+  never ``recovered: true`` with a publication missing.
+
+It also counts what asynchronous replication lost: accepted publications from before
+the kill that the promoted replica's history does not hold. With ``cut=True`` the
+victim's replica is frozen (SIGSTOP) and its replication link cut (``CLIENT KILL TYPE
+replica``) 0.3 s before the kill, and thawed right after it, so that it misses what was
+accepted meanwhile: a replication lag made to happen, not waited for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from redis.crc import key_slot
+
+from broadcaster.backends.redis import decode_publication
+from broadcaster.backends.redis_cluster import channel_key, cluster_client
+from broadcaster.backends.redis_sentinel import sentinel_client
+from tests.reliability.helpers import (
+    WS_PATH,
+    Publisher,
+    Reader,
+    alive,
+    becomes,
+    deduplicated,
+    eventually,
+)
+from tests.support.live import APP_ID, Client
+from tests.support.processes import ServerProcess, _wait
+from tests.support.topologies import ClusterTopology, ConfiguredRedis, SentinelTopology, command
+
+__all__ = ["ClusterFaults", "Faults", "SentinelFaults", "Trial", "failover_trial"]
+
+PREFIX = "failover"
+SERVE_ARGS = ("--redis-prefix", PREFIX, "--log-level", "warning", "--history-size", "5000")
+
+
+class Faults(Protocol):
+    """A topology a trial can fail over and heal."""
+
+    url: str
+
+    def victim(self, channel: str) -> ConfiguredRedis: ...
+    def replica_of(self, primary: ConfiguredRedis) -> ConfiguredRedis: ...
+    async def history(self, channel: str) -> list[int]: ...
+    def heal(self, victim: ConfiguredRedis) -> None: ...
+
+
+class ClusterFaults:
+    """Fails over the primary that owns a channel's slot (``cluster-replica-validity-
+    factor 0``: the replica is promoted however long its link was down)."""
+
+    def __init__(self, cluster: ClusterTopology) -> None:
+        self.cluster = cluster
+        self.url = cluster.url
+
+    def victim(self, channel: str) -> ConfiguredRedis:
+        return self.cluster.owner(key_slot(channel_key(PREFIX, APP_ID, channel, "pub").encode()))
+
+    def replica_of(self, primary: ConfiguredRedis) -> ConfiguredRedis:
+        for node in self.cluster.nodes:
+            if node is primary or node.proc is None or node.proc.poll() is not None:
+                continue
+            lines = command(node.port, "info", "replication").splitlines()
+            if f"master_port:{primary.port}" in lines:
+                return node
+        raise LookupError(f"no replica of {primary.port}")
+
+    async def history(self, channel: str) -> list[int]:
+        client = cluster_client(self.url)
+        try:
+            entries = await client.xrange(channel_key(PREFIX, APP_ID, channel, "stream"))
+        finally:
+            await client.aclose()
+        return _seqs(entries)
+
+    def heal(self, victim: ConfiguredRedis) -> None:
+        """Restart the killed node: it rejoins as the replica of the promoted one (until
+        then it may still claim its old slots)."""
+        victim.start()
+
+        def replicating() -> bool:
+            info = command(victim.port, "info", "replication")
+            return "role:slave" in info and "master_link_status:up" in info
+
+        _wait(replicating, 60, "the killed primary to come back as a replica")
+        self.cluster.wait_ok(60)
+
+
+class SentinelFaults:
+    """Fails over the primary Sentinel names."""
+
+    def __init__(self, topology: SentinelTopology) -> None:
+        self.topology = topology
+        self.url = topology.url
+
+    def victim(self, channel: str) -> ConfiguredRedis:
+        port = self.topology.primary_port()
+        nodes = (self.topology.primary, self.topology.replica)
+        return next(n for n in nodes if n is not None and n.port == port)
+
+    def replica_of(self, primary: ConfiguredRedis) -> ConfiguredRedis:
+        nodes = (self.topology.primary, self.topology.replica)
+        return next(n for n in nodes if n is not None and n is not primary)
+
+    async def history(self, channel: str) -> list[int]:
+        client = sentinel_client(self.url)
+        try:
+            entries = await client.xrange(f"{PREFIX}:{APP_ID}:stream:{channel}")
+        finally:
+            await client.aclose()
+        return _seqs(entries)
+
+    def heal(self, victim: ConfiguredRedis) -> None:
+        """Restart the killed node (empty); Sentinel makes it a replica of the promoted
+        one. Healed when it replicates and every Sentinel sees it up."""
+        victim.start()
+        service = self.topology.service
+
+        def healed() -> bool:
+            info = command(victim.port, "info", "replication")
+            if "role:slave" not in info or "master_link_status:up" not in info:
+                return False
+            for sentinel in self.topology.sentinels:
+                replicas = command(sentinel.port, "sentinel", "replicas", service)
+                if "s_down" in replicas or "o_down" in replicas or "disconnected" in replicas:
+                    return False
+            return True
+
+        _wait(healed, 60, "the killed primary to come back as a replica")
+
+
+def _seqs(entries: list[Any]) -> list[int]:
+    return [int(str(decode_publication(fields[b"p"]).data)) for _, fields in entries]
+
+
+@dataclass
+class Trial:
+    """The figures of one failover."""
+
+    topology: str
+    cut: bool
+    accepted: int = 0
+    refused_attempts: int = 0
+    accepted_before_kill: int = 0
+    lost_by_replication: int = 0  # accepted before the kill, missing from the history
+    resumed_recovered: bool | None = None
+    outage_s: float = 0.0  # kill -> both nodes' /ready 200 again
+    receive_again_s: float = 0.0  # kill -> a publication sent after it reached every live client
+    live_clients: int = 0
+    silent_gaps: list[str] = field(default_factory=list)
+
+
+async def failover_trial(
+    faults: Faults, nodes: Sequence[ServerProcess], channel: str, name: str, *, cut: bool = False
+) -> Trial:
+    """Run one failover (see the module's docstring); the caller heals the topology."""
+    trial = Trial(name, cut)
+    live: list[Reader] = []
+    for node in nodes:
+        for _ in range(2):
+            live.append(Reader(await _subscribed(node, channel)).start())
+    leaver = Reader(await _subscribed(nodes[0], channel)).start()
+    back: Reader | None = None
+    stop = False
+    publisher = Publisher([n.url for n in nodes], channel)
+    pub_task = asyncio.create_task(publisher.run(lambda: stop))
+    try:
+        await eventually(lambda: len(publisher.accepted) >= 40, "publishing to start")
+        await eventually(lambda: len(leaver.seqs) >= 20, "the leaver to read")
+        await leaver.stop()
+        victim = faults.victim(channel)
+        replica = faults.replica_of(victim)
+        if cut:  # the replica, frozen, cannot reconnect and catch up from the backlog
+            assert replica.proc is not None
+            replica.proc.send_signal(signal.SIGSTOP)
+            command(victim.port, "client", "kill", "type", "replica")
+            await asyncio.sleep(0.3)
+        trial.accepted_before_kill = len(publisher.accepted)
+        killed_at = time.monotonic()
+        victim.kill()
+        if cut:
+            assert replica.proc is not None
+            replica.proc.send_signal(signal.SIGCONT)
+        for node in nodes:
+            await becomes(node, 503, within=20)
+        for node in nodes:
+            await becomes(node, 200, within=40)
+        trial.outage_s = round(time.monotonic() - killed_at, 2)
+        mark = len(publisher.accepted)
+        await eventually(lambda: len(publisher.accepted) >= mark + 20, "publishing to resume")
+        back = Reader(await _subscribed(nodes[1], channel, leaver.positions[-1])).start()
+        await eventually(lambda: back is not None and back.resumes, "the resume's answer")
+        await eventually(lambda: len(publisher.accepted) >= mark + 60, "more publications")
+    finally:
+        stop = True
+        with contextlib.suppress(Exception):
+            await pub_task
+    assert back is not None
+    accepted = publisher.accepted
+    last = accepted[-1]
+    with contextlib.suppress(AssertionError):  # a reader short of it is a gap, below
+        await eventually(lambda: all(r.seqs and r.seqs[-1] >= last for r in [*live, back]), "")
+    trial.accepted = len(accepted)
+    trial.refused_attempts = publisher.refused
+    trial.live_clients = len(live)
+    gaps = trial.silent_gaps
+    for node in nodes:
+        if not alive(node):
+            gaps.append(f"node {node.url} exited")
+    for i, reader in enumerate(live):
+        got = deduplicated(reader.seqs, publisher.retried)
+        if reader.ended is not None:
+            gaps.append(f"live client {i} was disconnected: {reader.ended}")
+        if got != accepted:
+            missing = sorted(set(accepted) - set(got))
+            gaps.append(f"live client {i}: missing {missing[:10]}, got {len(got)}/{len(accepted)}")
+
+    answer = back.resumes[0]
+    trial.resumed_recovered = bool(answer["recovered"])
+    tail = deduplicated(back.seqs, publisher.retried)
+    if answer["recovered"]:
+        seen = deduplicated(leaver.seqs + back.seqs, publisher.retried)
+        if seen != accepted:
+            missing = sorted(set(accepted) - set(seen))
+            gaps.append(f"resume said recovered: true but missed {missing[:10]}")
+    elif not tail or tail != accepted[accepted.index(tail[0]) :]:
+        gaps.append(f"after recovered: false the resumed client did not read on: {tail[:5]}")
+
+    kept = set(await faults.history(channel))
+    before = accepted[: trial.accepted_before_kill]
+    trial.lost_by_replication = sum(1 for seq in before if seq not in kept)
+
+    after_kill = [t > killed_at for t in publisher.sent_at]
+    firsts = [_first_after(r, after_kill) for r in live]
+    if all(t is not None for t in firsts):
+        trial.receive_again_s = round(max(t for t in firsts if t is not None) - killed_at, 2)
+    for reader in [*live, back]:
+        await reader.stop()
+    return trial
+
+
+def _first_after(reader: Reader, after_kill: list[bool]) -> float | None:
+    """When ``reader`` first got a publication accepted after the kill."""
+    for seq, at in zip(reader.seqs, reader.times, strict=True):
+        if seq < len(after_kill) and after_kill[seq]:
+            return at
+    return None
+
+
+async def _subscribed(node: ServerProcess, channel: str, position: str | None = None) -> Client:
+    client = await Client.connect(node.ws_url + WS_PATH)
+    fields = {} if position is None else {"position": position}
+    answer = await client.subscribe(channel, **fields)
+    assert answer["event"] == "pusher_internal:subscription_succeeded", answer
+    return client
+
+
+# -- scripts/failover-trials ------------------------------------------------------------
+
+
+async def _trials(topology: str, count: int, cut: bool) -> list[Trial]:
+    faults: ClusterFaults | SentinelFaults
+    if topology == "cluster":
+        cluster = ClusterTopology().start()
+        stop_topology = cluster.stop
+        faults = ClusterFaults(cluster)
+    else:
+        sentinel = SentinelTopology().start()
+        stop_topology = sentinel.stop
+        faults = SentinelFaults(sentinel)
+    nodes: list[ServerProcess] = []
+    trials: list[Trial] = []
+    try:
+        for _ in range(2):
+            nodes.append(ServerProcess(("--backend", faults.url, *SERVE_ARGS)).start())
+        for node in nodes:
+            node.wait_ready()
+        for i in range(count):
+            channel = f"agent.trial-{i}-{time.monotonic_ns()}"
+            victim = faults.victim(channel)
+            trial = await failover_trial(faults, nodes, channel, topology, cut=cut)
+            trials.append(trial)
+            print(json.dumps(asdict(trial)), flush=True)
+            for node in nodes:  # what the nodes said about channels that missed something
+                for line in node.output if trial.silent_gaps else ():
+                    if "missed" in line:
+                        print(f"{node.url}: {line.strip()}", file=sys.stderr)
+                node.output.clear()
+            faults.heal(victim)
+            for node in nodes:
+                await becomes(node, 200, within=40)
+    finally:
+        for node in nodes:
+            node.stop()
+        stop_topology()
+    return trials
+
+
+def summary(trials: Sequence[Trial]) -> dict[str, Any]:
+    """The figures of a series of trials (docs/reliability.md)."""
+    outages = [t.outage_s for t in trials]
+    again = [t.receive_again_s for t in trials]
+    return {
+        "topology": trials[0].topology,
+        "cut_replication": trials[0].cut,
+        "trials": len(trials),
+        "accepted": sum(t.accepted for t in trials),
+        "refused_attempts": sum(t.refused_attempts for t in trials),
+        "lost_by_replication": sum(t.lost_by_replication for t in trials),
+        "trials_with_loss": sum(1 for t in trials if t.lost_by_replication),
+        "resumes_not_recovered": sum(1 for t in trials if t.resumed_recovered is False),
+        "silent_gaps": sum(len(t.silent_gaps) for t in trials),
+        "outage_s": {"median": statistics.median(outages), "max": max(outages)},
+        "receive_again_s": {"median": statistics.median(again), "max": max(again)},
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
+    parser.add_argument("--topology", choices=("cluster", "sentinel"), required=True)
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument(
+        "--cut", action="store_true", help="cut the replication link 0.3 s before each kill"
+    )
+    args = parser.parse_args(argv)
+    trials = asyncio.run(_trials(args.topology, args.trials, args.cut))
+    result = summary(trials)
+    print(json.dumps({"summary": result}), flush=True)
+    for trial in trials:
+        for gap in trial.silent_gaps:
+            print(f"SILENT GAP ({trial.topology}): {gap}", file=sys.stderr)
+    return 1 if result["silent_gaps"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
