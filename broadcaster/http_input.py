@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
+from starlette.types import Receive
 
 from broadcaster._text import EXCERPT_LENGTH, excerpt
 
@@ -29,6 +30,7 @@ __all__ = [
     "describe_validation",
     "excerpt",
     "read_body",
+    "receive_body",
     "validation_details",
 ]
 
@@ -60,19 +62,64 @@ async def read_body(request: Request, limit: int, within: float) -> bytes:
         BodyRefused: 413 for a ``Content-Length`` or a body over ``limit`` (the rest is
             not read), 408 when the body does not arrive in time.
     """
-    declared = request.headers.get("content-length", "")
+    _check_declared(request.headers.get("content-length", ""), limit)
+    try:
+        async with asyncio.timeout(within):
+            return await _read(request, limit)
+    except TimeoutError:
+        raise _too_slow(within) from None
+
+
+async def receive_body(
+    headers: Sequence[tuple[bytes, bytes]], receive: Receive, limit: int, within: float
+) -> bytes:
+    """:func:`read_body` for a plain ASGI callable (no :class:`~starlette.requests.Request`):
+    the same limits, refusals and messages, from the scope's ``headers`` and ``receive``.
+
+    Raises:
+        BodyRefused: as :func:`read_body`.
+        starlette.requests.ClientDisconnect: the client went away before the end of
+            the body.
+    """
+    for name, value in headers:
+        if name == b"content-length":  # the first one, as Request.headers.get
+            _check_declared(value.decode("latin-1"), limit)
+            break
+    try:
+        async with asyncio.timeout(within):
+            return await _receive(receive, limit)
+    except TimeoutError:
+        raise _too_slow(within) from None
+
+
+def _check_declared(declared: str, limit: int) -> None:
     if declared.isascii() and declared.isdigit():
         # No int() of thousands of digits: 19 digits or more is over any limit.
         size = int(declared) if len(declared) <= 18 else 10**18
         if size > limit:
             raise _too_large(size, limit)
-    try:
-        async with asyncio.timeout(within):
-            return await _read(request, limit)
-    except TimeoutError:
-        raise BodyRefused(
-            408, f"the request body did not arrive within {within:g} s (body_timeout)"
-        ) from None
+
+
+async def _receive(receive: Receive, limit: int) -> bytes:
+    # As Request.stream(): http.request messages until more_body is false.
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.request":
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(size, limit)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        elif message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+
+
+def _too_slow(within: float) -> BodyRefused:
+    return BodyRefused(408, f"the request body did not arrive within {within:g} s (body_timeout)")
 
 
 async def _read(request: Request, limit: int) -> bytes:
