@@ -207,14 +207,16 @@ def _publish_script_args(
     history_size: int,
     history_ttl: float,
     history_meta_ttl: float,
+    epoch: str | None = None,
 ) -> tuple[tuple[str, str], tuple[str | int | bytes, ...]]:
-    """``KEYS`` and ``ARGV`` of :data:`broadcaster.backends._lua.PUBLISH`."""
+    """``KEYS`` and ``ARGV`` of :data:`broadcaster.backends._lua.PUBLISH`; ``epoch`` is
+    the one a new channel gets (a fresh :func:`new_epoch` unless given)."""
     p = publication
     name = publication_channel(prefix, p.app_id, p.channel)
     payload = encode_publication(p)
     keys = (f"{prefix}:{p.app_id}:meta:{p.channel}", f"{prefix}:{p.app_id}:stream:{p.channel}")
     args = (name, payload[:-1], history_size, _ms(history_ttl), _ms(history_meta_ttl))
-    return keys, (*args, new_epoch())
+    return keys, (*args, epoch or new_epoch())
 
 
 def pack_commands(commands: Sequence[Sequence[str | int | bytes]]) -> bytes:
@@ -534,11 +536,19 @@ class RedisBackend:
             # A Redis without the script would run the plain PUBLISHes at once and
             # the scripted ones only when sent again: load it first to keep order.
             commands.append(("SCRIPT", "LOAD", script.source))
+        # One epoch for the batch (a random draw is a system call): it only serves a
+        # channel that the batch creates, and a batch creates a channel once.
+        epoch = new_epoch()
         for item in batch:
             p = item.publication
             if item.history:
                 keys, args = _publish_script_args(
-                    self.prefix, p, self.history_size, self.history_ttl, self.history_meta_ttl
+                    self.prefix,
+                    p,
+                    self.history_size,
+                    self.history_ttl,
+                    self.history_meta_ttl,
+                    epoch,
                 )
                 calls.append((keys, args))
                 commands.append(("EVALSHA", script.sha, len(keys), *keys, *args))
