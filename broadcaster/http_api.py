@@ -26,7 +26,6 @@ order, with the same answers, without a ``Request``, a ``URL`` or a response obj
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
@@ -133,8 +132,10 @@ class _Api:
 
     async def batch_events(self, app: AppConfig, body: bytes) -> dict[str, Any]:
         batch = http_models.parse_batch(body, app)
-        # Started in order within one tick: the backend sends them together, in order.
-        await asyncio.gather(*(self._publish(app, trigger) for trigger in batch))
+        # Started in order at once: the backend sends them together, in order.
+        await self.node.publish_batch(
+            app.id, [(t.channels, t.name, t.data, t.socket_id) for t in batch]
+        )
         results = []
         for trigger in batch:
             infos = await self._infos(app, trigger.channels, trigger.info) if trigger.info else {}

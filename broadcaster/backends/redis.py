@@ -466,8 +466,11 @@ class RedisBackend:
             self._channels.discard(name)
             await self._pubsub_command(b"unsubscribe", name)
 
-    async def publish(self, publication: Publication, *, history: bool = True) -> Position | None:
-        """See :meth:`broadcaster.backends.base.Backend.publish`.
+    def publish(
+        self, publication: Publication, *, history: bool = True
+    ) -> asyncio.Future[Position | None]:
+        """See :meth:`broadcaster.backends.base.Backend.publish`: a future of the
+        position (so gathering many publications makes no task per publication).
 
         Publications go to Redis in batches, one round trip each, in the order of the
         calls: those of one event-loop tick (a batch of the HTTP API, an event on
@@ -475,16 +478,21 @@ class RedisBackend:
         is in flight together once it is answered.
 
         Raises:
-            BackendUnavailable: Redis is unreachable (nothing was published) or a
-                command timed out (the publication may or may not have gone out).
+            BackendUnavailable: (from the future) Redis is unreachable (nothing was
+                published) or a command timed out (the publication may or may not have
+                gone out).
         """
-        self._check_ready()
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Position | None] = loop.create_future()
+        try:
+            self._check_ready()
+        except BackendUnavailable as exc:
+            done.set_exception(exc)
+            return done
         self._outbox.append(_Outgoing(publication, history, done))
         if len(self._outbox) == 1 and not self._publishing:
             loop.call_soon(self._send_outbox)
-        return await done
+        return done
 
     def _send_outbox(self) -> None:
         if self._publishing or not self._outbox:
