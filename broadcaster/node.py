@@ -381,7 +381,7 @@ class Node:
         else:
             # Futures from the Redis backend: gathered without a task each.
             positions = await asyncio.gather(*(self.backend.publish(p) for p in publications))
-        self.metrics.http_publishes.inc(len(publications))
+        self.metrics.http_publishes += len(publications)
         return positions
 
     async def channel_counts(self, app_id: str) -> dict[str, int]:
