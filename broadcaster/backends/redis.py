@@ -375,6 +375,11 @@ class RedisBackend:
         self._outbox: list[_Outgoing] = []  # publications of this tick, not sent yet
         self._sending: set[asyncio.Task[None]] = set()
         self._publishing = False  # a batch is in flight; the outbox waits for it
+        # The batch in flight is cancelled past its deadline by one timer, re-armed only
+        # when it fires (asyncio.timeout would arm and disarm a timer for every batch).
+        self._batch_deadline: float | None = None
+        self._batch_expired = False
+        self._watchdog: asyncio.TimerHandle | None = None
         # The publications' own connection (no socket timeout: one deadline per batch).
         self._publisher: AbstractConnection | None = None
 
@@ -509,16 +514,25 @@ class RedisBackend:
         self._send_outbox()
 
     async def _publish_batch(self, batch: list[_Outgoing]) -> None:
+        loop = asyncio.get_running_loop()
+        self._batch_deadline = loop.time() + self.command_timeout
+        self._batch_expired = False
+        if self._watchdog is None:
+            self._watchdog = loop.call_at(self._batch_deadline, self._watch_batch)
         try:
-            async with asyncio.timeout(self.command_timeout):
-                results = await self._pipeline(batch)
-        except TimeoutError:
+            results = await self._pipeline(batch)
+        except asyncio.CancelledError:
+            if not self._batch_expired:
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
             await self._drop_publisher()  # replies may still come: not for the next batch
             timeout = RedisTimeoutError(f"no answer within {self.command_timeout:g} s")
             results = [timeout] * len(batch)
         except _ERRORS as exc:
             await self._drop_publisher()
             results = [exc] * len(batch)
+        finally:
+            self._batch_deadline = None
         for item, result in zip(batch, results, strict=True):
             if item.done.done():
                 continue  # the caller was cancelled
@@ -528,6 +542,22 @@ class RedisBackend:
                 item.done.set_exception(error)
             else:
                 item.done.set_result(result)
+
+    def _watch_batch(self) -> None:
+        """Cancel the batch in flight if its deadline passed; else wait for it."""
+        self._watchdog = None
+        deadline = self._batch_deadline
+        if deadline is None or self._batch_expired:
+            return  # nothing in flight: the next batch arms the timer again
+        loop = asyncio.get_running_loop()
+        if loop.time() < deadline:
+            self._watchdog = loop.call_at(deadline, self._watch_batch)
+            return
+        # The batch's task is suspended in _pipeline (the deadline is cleared as soon
+        # as it returns), so the cancellation lands there.
+        self._batch_expired = True
+        for task in self._sending:
+            task.cancel()
 
     async def _pipeline(self, batch: list[_Outgoing]) -> list[Any]:
         """Publish ``batch`` in one round trip on the publications' connection; a
