@@ -42,7 +42,7 @@ from broadcaster import http_models
 from broadcaster.backends.base import BackendUnavailable
 from broadcaster.channels import ChannelKind, channel_kind, validate_channel_name
 from broadcaster.exceptions import ApiError, ProtocolError
-from broadcaster.http_input import BodyRefused, excerpt, read_body, receive_body
+from broadcaster.http_input import BodyReader, BodyRefused, excerpt, read_body
 from broadcaster.http_models import TriggerRequest
 from broadcaster.node import Node
 from broadcaster.settings import AppConfig
@@ -231,6 +231,7 @@ class PublishFastPath:
 
     def __init__(self, node: Node) -> None:
         self._api = _Api(node)
+        self._body = BodyReader(self._api.max_body, self._api.body_timeout)
         self._handlers: dict[str, PublishHandler] = {
             "events": self._api.events,
             "batch_events": self._api.batch_events,
@@ -265,9 +266,7 @@ class PublishFastPath:
                 if app is None:
                     raise ApiError(404, f"no app with id {excerpt(app_id)}")
                 try:
-                    body = await receive_body(
-                        scope["headers"], receive, api.max_body, api.body_timeout
-                    )
+                    body = await self._body.read(scope["headers"], receive)
                 except BodyRefused as exc:
                     raise ApiError(exc.status, exc.message) from None
                 query = _query(scope["query_string"])

@@ -263,3 +263,23 @@ async def test_other_requests_are_left_to_starlette(
     scope = {**_scope(path, b""), "method": method, "root_path": root_path}
     assert app._fast.match(scope) is None
     assert app._fast.match(_scope(EVENTS, b"")) is not None
+
+
+async def test_bodies_read_at_once_each_get_their_own_deadline(app: Starlette) -> None:
+    """The reads share one timer: every stalled body is refused (408), whenever it
+    started, and the requests whose body arrives are answered."""
+
+    async def later(exchange: Exchange, delay: float) -> list[Message]:
+        await asyncio.sleep(delay)
+        return await exchange.run(app)
+
+    stalled = Exchange(EVENTS, _event(), chunks=[b"{"], stall=True)
+    reads = asyncio.gather(
+        later(stalled, 0),
+        later(Exchange(EVENTS, _event()), 0),
+        later(stalled, 0.1),  # its deadline comes after the first timer fired
+        later(Exchange(EVENTS, _event()), 0.15),
+    )
+    answers = await asyncio.wait_for(reads, 10)  # a stalled read left waiting fails here
+    statuses = [_answer(answer)[0] for answer in answers]
+    assert statuses == [408, 200, 408, 200]
