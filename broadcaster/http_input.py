@@ -99,9 +99,9 @@ class BodyReader:
             if name == b"content-length":  # the first one, as Request.headers.get
                 _check_declared(value.decode("latin-1"), self.limit)
                 break
-        task = asyncio.current_task()
-        assert task is not None
         loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
+        assert task is not None
         deadline = loop.time() + self.within
         self._reading[task] = deadline
         if self._timer is None:
