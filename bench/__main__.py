@@ -49,7 +49,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--servers",
-        default="websockets,socketio,broadcaster",
+        default="websockets,socketio,uvicorn,broadcaster",
         help=f"comma-separated, from {','.join(SERVERS)} [all]",
     )
     parser.add_argument("--clients", type=int, help="subscribers in fanout/latency [100]")

@@ -15,7 +15,7 @@ from bench._proc import REPO, Child, ChildFailed
 
 __all__ = ["start_profiler", "stop_profiler", "summary"]
 
-PYTHON_SERVERS = ("broadcaster", "websockets")
+PYTHON_SERVERS = ("broadcaster", "websockets", "uvicorn")
 
 
 def _argv(pid: int, out: Path) -> list[str]:

@@ -12,6 +12,8 @@ __all__ = ["Target", "noise", "ratio", "table", "targets"]
 Result = dict[str, Any]
 REFS = ("websockets", "socketio")
 OURS = "broadcaster"
+# Scenarios compared with other references than REFS.
+_SCENARIO_REFS = {"http": ("uvicorn",)}
 
 
 def _find(results: Sequence[Result], server: str, scenario: str) -> Result | None:
@@ -92,11 +94,12 @@ _COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("lost", "lost"),
     ],
     "http": [
-        ("single req/s", "single_requests_per_s"),
         ("CPU us/req", "single_server_cpu_us_per_request"),
+        ("single req/s", "single_requests_per_s"),
         ("p99 ms", "single_request_ms.p99"),
         ("batch events/s", "batch_events_per_s"),
         ("CPU us/event", "batch_server_cpu_us_per_event"),
+        ("batch CPU us/req", "batch_server_cpu_us_per_request"),
         ("client CPU%", "single_client_cpu_pct"),
         ("lost", "lost"),
         ("reordered", "out_of_order"),
@@ -104,6 +107,8 @@ _COLUMNS: dict[str, list[tuple[str, str]]] = {
 }
 _LABELS = {"broadcaster": "agent-broadcaster", "websockets": "websockets (ref)"}
 _LABELS["socketio"] = "socket.io (ref)"
+_LABELS["uvicorn"] = "bare uvicorn (ref)"
+_SHORT = {"websockets": "websockets", "socketio": "socket.io", "uvicorn": "uvicorn"}
 
 
 def _label(server: str) -> str:
@@ -127,7 +132,8 @@ def table(results: Sequence[Result]) -> str:
     for scenario in scenarios:
         columns = _COLUMNS.get(scenario, [])
         rows = [r for r in results if r["scenario"] == scenario]
-        head = ["server", *(h for h, _ in columns), "x websockets", "x socket.io"]
+        refs = _SCENARIO_REFS.get(scenario, REFS)
+        head = ["server", *(h for h, _ in columns), *(f"x {_SHORT[ref]}" for ref in refs)]
         body: list[list[str]] = []
         for r in rows:
             if "error" in r:
@@ -137,9 +143,9 @@ def table(results: Sequence[Result]) -> str:
             cells += [_fmt(_get(r, key)) for _, key in columns]
             if r["server"] == OURS and columns:
                 key = columns[0][1]
-                cells += [_fmt(ratio(results, scenario, key, ref)) for ref in REFS]
+                cells += [_fmt(ratio(results, scenario, key, ref)) for ref in refs]
             else:
-                cells += ["", ""]
+                cells += [""] * len(refs)
             body.append(cells)
         widths = [
             max(len(row[i]) for row in [head, *body] if i < len(row)) for i in range(len(head))
@@ -174,7 +180,8 @@ def _check(name: str, values: Sequence[Any], test: Callable[..., bool], detail: 
 
 
 def targets(results: Sequence[Result]) -> list[Target]:
-    """Issue 8's targets, each from this run's figures."""
+    """Issue 8's targets and issue 17's HTTP publish targets, each from this run's
+    figures."""
     cpu = "server_cpu_us_per_msg"
     found = []
     found.append(
@@ -214,6 +221,22 @@ def targets(results: Sequence[Result]) -> list[Target]:
     )
     found += _channels_targets(results)
     found.append(_scale_target(results))
+    found.append(
+        _check(
+            "(e) signed HTTP publish CPU per request <= 2x a bare uvicorn endpoint",
+            [ratio(results, "http", "single_server_cpu_us_per_request", "uvicorn")],
+            lambda r: r <= 2,
+            "{}x",
+        )
+    )
+    found.append(
+        _check(
+            "(e) HTTP batch of 10: server CPU per event <= 40 us",
+            [_get(_find(results, OURS, "http"), "batch_server_cpu_us_per_event")],
+            lambda us: us <= 40,
+            "{} us",
+        )
+    )
     bad = [
         f"{r['server']}/{r['scenario']}: lost {r.get('lost')}, reordered {r.get('out_of_order')}"
         for r in results

@@ -17,7 +17,8 @@ one flat result dict (one JSON line of the report).
   adapter's publish to the viewer passes 50 ms or the server nears one core. The
   references get the same agent traffic through a publisher in their own format.
 * ``http``: signed ``POST /apps/{id}/events`` (single) and ``/batch_events`` (10 events)
-  back to back from 8 workers; servers without the HTTP API are skipped.
+  back to back from 8 workers; servers without the HTTP API are skipped. The bare-uvicorn
+  reference gets the same requests and no subscriber (it delivers nothing).
 
 The primary figure is the server's CPU time (``/proc``: this one process) per delivered
 message over the measured window, from the first publication until the last delivery.
@@ -141,7 +142,7 @@ async def run_scenario(
 
     With ``profile_dir``, Python servers are sampled by py-spy during the measured window
     (which costs them some CPU: figures of a profiled run are not comparable)."""
-    if scenario == "http" and not spec.http_api:
+    if not spec.takes_part(scenario):
         return None
     redis = await PrivateRedis().start()
     try:
@@ -748,7 +749,8 @@ async def _http_half(ctx: Ctx, batch: int) -> Result:
     sizes = ctx.sizes
     tag = "batch" if batch else "single"
     names = [f"agent.http-{tag}-{i}" for i in range(sizes.http_workers)]
-    gens = await _loadgens(ctx, names, latency=False)
+    # An HTTP-only reference (bare uvicorn) gets the same requests and no subscriber.
+    gens = await _loadgens(ctx, names, latency=False) if ctx.spec.subscribers else []
     cfg = {
         "url": ctx.server.url,
         "app_id": APP["id"],
@@ -764,9 +766,9 @@ async def _http_half(ctx: Ctx, batch: int) -> Result:
         meter.start()
         await load.start()
         done = await load.expect("done", sizes.http_duration + 60)
-        await _drain(gens, int(done["events"]))
+        await _drain(gens, int(done["events"]) if gens else 0)
         wall, cpu = meter.stop()
-        stats = await _stats(gens, done["published"])
+        stats = await _stats(gens, done["published"]) if gens else None
     finally:
         await _close([*gens, load])
     if done["errors"]:
@@ -781,9 +783,9 @@ async def _http_half(ctx: Ctx, batch: int) -> Result:
         "server_cpu_pct": round(100 * cpu["server"] / wall, 1),
         "client_cpu_pct": round(100 * done["cpu_seconds"] / wall, 1),
         "request_ms": done["latency_ms"],
-        "delivered": stats["received"],
-        "lost": stats["lost"],
-        "out_of_order": stats["out_of_order"],
+        "delivered": stats["received"] if stats else None,
+        "lost": stats["lost"] if stats else 0,
+        "out_of_order": stats["out_of_order"] if stats else 0,
     }
 
 

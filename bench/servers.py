@@ -1,9 +1,11 @@
-"""The servers a bench run compares: ours and the two references.
+"""The servers a bench run compares: ours and the references.
 
 Every server gets its publications through the same private Redis, each on its own
 publish path: ours through the Redis backend (``publish_via_redis``), the plain
 ``websockets`` reference through ``PUBLISH`` of a ready frame, socket.io through
-``@socket.io/redis-emitter``.
+``@socket.io/redis-emitter``. The bare-uvicorn reference (``bench/ref_uvicorn.py``)
+takes part in the ``http`` scenario only: it answers the same signed publish requests
+with ``{}`` and delivers nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +35,18 @@ class ServerSpec:
     protocol: str  # what the load generator speaks: "pusher" or "socketio"
     publisher: str  # "broadcaster", "plain" or "socketio" (see bench/publisher.py)
     http_api: bool  # serves the signed Pusher HTTP publish API
+    only: tuple[str, ...] = ()  # the scenarios it takes part in (empty: all)
+
+    def takes_part(self, scenario: str) -> bool:
+        """Whether this server is measured in ``scenario``."""
+        if scenario == "http" and not self.http_api:
+            return False
+        return not self.only or scenario in self.only
+
+    @property
+    def subscribers(self) -> bool:
+        """Whether WebSocket clients can subscribe (False: an HTTP-only reference)."""
+        return self.protocol != "none"
 
     def argv(self, redis_url: str) -> list[str]:
         if self.name == "broadcaster":
@@ -59,6 +73,8 @@ class ServerSpec:
             ]
         if self.name == "websockets":
             return [sys.executable, "-m", "bench.ref_websockets", "--redis", redis_url]
+        if self.name == "uvicorn":
+            return [sys.executable, "-m", "bench.ref_uvicorn"]
         return ["node", str(NODE_DIR / "socketio_server.js"), "0"]
 
     def ws_url(self, base: str) -> str:
@@ -82,6 +98,8 @@ SERVERS = {
         ServerSpec("broadcaster", "agent-broadcaster", "pusher", "broadcaster", True),
         ServerSpec("websockets", "plain websockets (ref)", "pusher", "plain", False),
         ServerSpec("socketio", "Node socket.io (ref)", "socketio", "socketio", False),
+        # Answers any POST with {} (it ignores the signed requests): the http floor.
+        ServerSpec("uvicorn", "bare uvicorn (ref)", "none", "plain", True, only=("http",)),
     )
 }
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.types import Receive, Scope, Send
 
 from broadcaster.extensions import ExtensionContext, load_extension
-from broadcaster.http_api import api_routes
+from broadcaster.http_api import PublishFastPath, api_routes
 from broadcaster.metrics import CONTENT_TYPE
 from broadcaster.node import Node
 from broadcaster.sessions import routes as session_routes
@@ -46,11 +48,31 @@ def create_app(settings: Settings, node: Node | None = None) -> Starlette:
             # /app/{key} natively through it (see broadcaster._uvicorn).
             yield {SESSIONS_STATE: NativeSessions(node)}
 
-    app = Starlette(routes=_routes(node, settings, ctx.routes), lifespan=lifespan)
+    app = _Application(
+        PublishFastPath(node), routes=_routes(node, settings, ctx.routes), lifespan=lifespan
+    )
     app.state.settings = settings
     app.state.node = node
     app.state.extensions = ctx.state
     return app
+
+
+class _Application(Starlette):
+    """Starlette, with the HTTP API's publish routes served before its middleware and
+    routing (:class:`broadcaster.http_api.PublishFastPath`): they are the requests an
+    agent deployment sends most."""
+
+    def __init__(self, fast: PublishFastPath, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._fast = fast
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            found = self._fast.match(scope)
+            if found is not None:
+                await self._fast.serve(scope, receive, send, *found)
+                return
+        await super().__call__(scope, receive, send)
 
 
 def _routes(node: Node, settings: Settings, extra: list[BaseRoute]) -> list[BaseRoute]:

@@ -2,7 +2,8 @@
 answers that quote client input only as a short excerpt.
 
 Every endpoint that reads a body (the HTTP API, the demo's ``POST /run`` and
-``/broadcasting/auth``, AG-UI) reads it through :func:`read_body`: a declared
+``/broadcasting/auth``, AG-UI) reads it through :func:`read_body` (the HTTP API's publish
+fast path through :class:`BodyReader`, the same without a ``Request``): a declared
 ``Content-Length`` over the limit is refused before reading, a body that grows over it
 is refused as soon as it does (nothing past the limit is kept), and a body that does not
 arrive within the time limit is refused too. Error messages and 422 details never carry
@@ -18,13 +19,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
+from starlette.types import Receive
 
 from broadcaster._text import EXCERPT_LENGTH, excerpt
 
 __all__ = [
     "EXCERPT",
     "MAX_DETAILS",
+    "BodyReader",
     "BodyRefused",
     "describe_validation",
     "excerpt",
@@ -60,19 +63,103 @@ async def read_body(request: Request, limit: int, within: float) -> bytes:
         BodyRefused: 413 for a ``Content-Length`` or a body over ``limit`` (the rest is
             not read), 408 when the body does not arrive in time.
     """
-    declared = request.headers.get("content-length", "")
+    _check_declared(request.headers.get("content-length", ""), limit)
+    try:
+        async with asyncio.timeout(within):
+            return await _read(request, limit)
+    except TimeoutError:
+        raise _too_slow(within) from None
+
+
+class BodyReader:
+    """:func:`read_body` for a plain ASGI callable (no :class:`~starlette.requests.Request`):
+    the same limits, refusals and messages, from the scope's ``headers`` and ``receive``.
+
+    The deadlines of all the bodies being read share one timer, re-armed only when it
+    fires, instead of one ``asyncio.timeout`` (a timer armed and disarmed) per request.
+    """
+
+    def __init__(self, limit: int, within: float) -> None:
+        self.limit = limit
+        self.within = within
+        # Tasks reading a body, by deadline (inserted in deadline order: one ``within``).
+        self._reading: dict[asyncio.Task[Any], float] = {}
+        self._expired: set[asyncio.Task[Any]] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def read(self, headers: Sequence[tuple[bytes, bytes]], receive: Receive) -> bytes:
+        """The body, at most ``limit`` bytes, arrived within ``within`` seconds.
+
+        Raises:
+            BodyRefused: as :func:`read_body`.
+            starlette.requests.ClientDisconnect: the client went away before the end of
+                the body.
+        """
+        for name, value in headers:
+            if name == b"content-length":  # the first one, as Request.headers.get
+                _check_declared(value.decode("latin-1"), self.limit)
+                break
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
+        assert task is not None
+        deadline = loop.time() + self.within
+        self._reading[task] = deadline
+        if self._timer is None:
+            self._timer = loop.call_at(deadline, self._expire)
+        try:
+            return await _receive(receive, self.limit)
+        except asyncio.CancelledError:
+            if task not in self._expired:
+                raise
+            task.uncancel()
+            raise _too_slow(self.within) from None
+        finally:
+            del self._reading[task]
+            self._expired.discard(task)
+
+    def _expire(self) -> None:
+        # A task still listed is suspended in read() (it leaves the list as soon as its
+        # body is read), so its cancellation lands there.
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for task, deadline in self._reading.items():
+            if deadline > now:
+                self._timer = loop.call_at(deadline, self._expire)
+                return
+            if task not in self._expired:
+                self._expired.add(task)
+                task.cancel()
+
+
+def _check_declared(declared: str, limit: int) -> None:
     if declared.isascii() and declared.isdigit():
         # No int() of thousands of digits: 19 digits or more is over any limit.
         size = int(declared) if len(declared) <= 18 else 10**18
         if size > limit:
             raise _too_large(size, limit)
-    try:
-        async with asyncio.timeout(within):
-            return await _read(request, limit)
-    except TimeoutError:
-        raise BodyRefused(
-            408, f"the request body did not arrive within {within:g} s (body_timeout)"
-        ) from None
+
+
+async def _receive(receive: Receive, limit: int) -> bytes:
+    # As Request.stream(): http.request messages until more_body is false.
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.request":
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(size, limit)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        elif message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+
+
+def _too_slow(within: float) -> BodyRefused:
+    return BodyRefused(408, f"the request body did not arrive within {within:g} s (body_timeout)")
 
 
 async def _read(request: Request, limit: int) -> bytes:

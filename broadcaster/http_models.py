@@ -13,6 +13,7 @@ with what is wrong, 413 when ``data`` is over the app's limit).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -41,14 +42,14 @@ INFO_ATTRIBUTES = frozenset({"user_count", "subscription_count"})
 """The channel attributes a request may ask for in ``info``."""
 
 
-class TriggerRequest(BaseModel):
+@dataclass(frozen=True, slots=True)
+class TriggerRequest:
     """One event to publish, normalized: always a tuple of distinct ``channels``.
 
     ``socket_id`` is the publisher's connection, excluded from delivery; ``info`` is the
-    set of channel attributes to return in the response.
+    set of channel attributes to return in the response. (Built from validated fields
+    only: a plain dataclass, not validated again.)
     """
-
-    model_config = ConfigDict(frozen=True)
 
     name: str
     data: str
@@ -93,10 +94,13 @@ def parse_batch(body: bytes, app: AppConfig) -> list[TriggerRequest]:
             that the batch is empty or over ``app.max_batch_size``; 413 if an event's
             ``data`` is over the limit.
     """
-    try:
-        events = _BatchBody.model_validate(_json_object(body)).batch
-    except ValidationError as exc:
-        raise ApiError(400, _describe(exc, "")) from None
+    value = _json_object(body)
+    events = value.get("batch")
+    if type(events) is not list:  # exactly a JSON array; else pydantic says what is wrong
+        try:
+            events = _BatchBody.model_validate(value).batch
+        except ValidationError as exc:
+            raise ApiError(400, _describe(exc, "")) from None
     if not events:
         raise ApiError(400, f"batch is empty: send 1 to {app.max_batch_size} events")
     if len(events) > app.max_batch_size:
@@ -136,10 +140,15 @@ def _json_object(body: bytes) -> dict[str, Any]:
 def _event(value: object, app: AppConfig, where: str) -> TriggerRequest:
     if not isinstance(value, dict):
         raise ApiError(400, f"{where}event must be a JSON object")
-    try:
-        body = _EventBody.model_validate(value)
-    except ValidationError as exc:
-        raise ApiError(400, _describe(exc, where)) from None
+    body = _plain_event(value)
+    if body is None:
+        try:
+            valid = _EventBody.model_validate(value)
+        except ValidationError as exc:
+            raise ApiError(400, _describe(exc, where)) from None
+        body = _Fields(
+            valid.name, valid.data, valid.channel, valid.channels, valid.socket_id, valid.info
+        )
     _check_name(body.name, app, where)
     _check_data(body.data, app, where)
     _check_socket_id(body.socket_id, where)
@@ -150,6 +159,40 @@ def _event(value: object, app: AppConfig, where: str) -> TriggerRequest:
         socket_id=body.socket_id,
         info=_info(body.info, where),
     )
+
+
+@dataclass(slots=True)
+class _Fields:
+    """An event's fields, of the types :class:`_EventBody` validates."""
+
+    name: str
+    data: str
+    channel: str | None
+    channels: list[str] | None
+    socket_id: str | None
+    info: str | None
+
+
+def _plain_event(value: dict[str, Any]) -> _Fields | None:
+    """The fields of an event whose types are plainly right (as JSON gives them: exact
+    ``str``, ``list`` of ``str``, or null), without pydantic; None for anything else,
+    which :class:`_EventBody` then validates (and says what is wrong)."""
+    name = value.get("name")
+    data = value.get("data")
+    channel = value.get("channel")
+    channels = value.get("channels")
+    socket_id = value.get("socket_id")
+    info = value.get("info")
+    if (
+        type(name) is str
+        and type(data) is str
+        and (channel is None or type(channel) is str)
+        and (channels is None or (type(channels) is list and all(type(c) is str for c in channels)))
+        and (socket_id is None or type(socket_id) is str)
+        and (info is None or type(info) is str)
+    ):
+        return _Fields(name, data, channel, channels, socket_id, info)
+    return None
 
 
 def _check_name(name: str, app: AppConfig, where: str) -> None:
@@ -184,7 +227,7 @@ def _check_socket_id(socket_id: str | None, where: str) -> None:
         )
 
 
-def _channels(body: _EventBody, app: AppConfig, where: str) -> tuple[str, ...]:
+def _channels(body: _Fields, app: AppConfig, where: str) -> tuple[str, ...]:
     if (body.channel is None) == (body.channels is None):
         raise ApiError(400, f"{where}give exactly one of 'channel' or 'channels'")
     names = [body.channel] if body.channel is not None else body.channels or []

@@ -13,7 +13,7 @@ synchronously, once per publication per node; it must not block.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -144,8 +144,13 @@ class Broker(Protocol):
         """Stop receiving ``channel`` (last local subscriber left). Idempotent."""
         ...
 
-    async def publish(self, publication: Publication, *, history: bool = True) -> Position | None:
+    def publish(
+        self, publication: Publication, *, history: bool = True
+    ) -> Awaitable[Position | None]:
         """Deliver to every node subscribed to the channel, this one included.
+
+        An awaitable (a coroutine, or a future: the Redis backend's, so that many
+        publications can be started and gathered without a task each).
 
         With ``history``, assign the channel's next position atomically with the
         delivery, keep the publication in the channel's bounded, expiring history and

@@ -23,7 +23,9 @@ One publication is one Lua script (:data:`broadcaster.backends._lua.PUBLISH`): e
 offset, stream entry and ``PUBLISH`` happen together, so the delivered position and the
 stored one cannot disagree and delivery order is offset order. The payload is the
 compact JSON array made by :func:`encode_publication`; agent processes that publish
-straight to Redis use :func:`publish_via_redis`, the same function the backend uses.
+straight to Redis use :func:`publish_via_redis`, with the same script and arguments as
+the backend. The backend sends its publications in batches on a connection of their own
+(:meth:`RedisBackend.publish`).
 
 Each node ``SUBSCRIBE``\\ s only to the channels its clients use, on one pub/sub
 connection (no socket timeout: a heartbeat ``PING`` checks it) read by one task that
@@ -258,14 +260,31 @@ def _publish_script_args(
     history_size: int,
     history_ttl: float,
     history_meta_ttl: float,
+    epoch: str | None = None,
 ) -> tuple[tuple[str, str], tuple[str | int | bytes, ...]]:
-    """``KEYS`` and ``ARGV`` of :data:`broadcaster.backends._lua.PUBLISH`."""
+    """``KEYS`` and ``ARGV`` of :data:`broadcaster.backends._lua.PUBLISH`; ``epoch`` is
+    the one a new channel gets (a fresh :func:`new_epoch` unless given)."""
     p = publication
     name = publication_channel(prefix, p.app_id, p.channel)
     payload = encode_publication(p)
     keys = (f"{prefix}:{p.app_id}:meta:{p.channel}", f"{prefix}:{p.app_id}:stream:{p.channel}")
     args = (name, payload[:-1], history_size, _ms(history_ttl), _ms(history_meta_ttl))
-    return keys, (*args, new_epoch())
+    return keys, (*args, epoch or new_epoch())
+
+
+def pack_commands(commands: Sequence[Sequence[str | int | bytes]]) -> bytes:
+    """``commands`` in the Redis protocol (RESP arrays of bulk strings, text as UTF-8),
+    as one buffer."""
+    out: list[bytes] = []
+    for command in commands:
+        out.append(b"*%d\r\n" % len(command))
+        for arg in command:
+            if isinstance(arg, str):
+                arg = arg.encode()
+            elif isinstance(arg, int):
+                arg = b"%d" % arg
+            out.append(b"$%d\r\n%b\r\n" % (len(arg), arg))
+    return b"".join(out)
 
 
 def _position(reply: Any) -> Position:
@@ -525,6 +544,14 @@ class RedisBackend:
         self._tasks: list[asyncio.Task[None]] = []
         self._outbox: list[_Outgoing] = []  # publications of this tick, not sent yet
         self._sending: set[asyncio.Task[None]] = set()
+        self._publishing = False  # a batch is in flight; the outbox waits for it
+        # The batch in flight is cancelled past its deadline by one timer, re-armed only
+        # when it fires (asyncio.timeout would arm and disarm a timer for every batch).
+        self._batch_deadline: float | None = None
+        self._batch_expired = False
+        self._watchdog: asyncio.TimerHandle | None = None
+        # The publications' own connection (no socket timeout: one deadline per batch).
+        self._publisher: AbstractConnection | None = None
 
     @property
     def node_id(self) -> str:
@@ -583,8 +610,9 @@ class RedisBackend:
         for task in pending:
             log.warning("task %s did not stop when cancelled", task.get_name())
         self._tasks = []
-        if self._sending:  # publications already accepted still go out
+        while self._sending:  # publications already accepted still go out
             await asyncio.gather(*self._sending, return_exceptions=True)
+        await self._drop_publisher()
         with contextlib.suppress(*_ERRORS):
             await self._withdraw()
         self._channels.clear()
@@ -614,50 +642,68 @@ class RedisBackend:
             self._channels.discard(name)
             await self._pubsub_command(b"unsubscribe", name)
 
-    async def publish(self, publication: Publication, *, history: bool = True) -> Position | None:
-        """See :meth:`broadcaster.backends.base.Backend.publish`.
+    def publish(
+        self, publication: Publication, *, history: bool = True
+    ) -> asyncio.Future[Position | None]:
+        """See :meth:`broadcaster.backends.base.Backend.publish`: a future of the
+        position (so gathering many publications makes no task per publication).
 
-        The publications of one event-loop tick (a batch of the HTTP API, an event on
-        several channels, concurrent requests) go to Redis in one pipeline, one round
-        trip, in the order of the calls.
+        Publications go to Redis in batches, one round trip each, in the order of the
+        calls: those of one event-loop tick (a batch of the HTTP API, an event on
+        several channels, concurrent requests) together, and those made while a batch
+        is in flight together once it is answered.
 
         Raises:
-            BackendUnavailable: Redis is unreachable (nothing was published) or a
-                command timed out (the publication may or may not have gone out).
+            BackendUnavailable: (from the future) Redis is unreachable (nothing was
+                published) or a command timed out (the publication may or may not have
+                gone out).
         """
-        self._check_ready()
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Position | None] = loop.create_future()
+        try:
+            self._check_ready()
+        except BackendUnavailable as exc:
+            done.set_exception(exc)
+            return done
         self._outbox.append(_Outgoing(publication, history, done))
-        if len(self._outbox) == 1:
+        if len(self._outbox) == 1 and not self._publishing:
             loop.call_soon(self._send_outbox)
-        return await done
+        return done
 
     def _send_outbox(self) -> None:
+        if self._publishing or not self._outbox:
+            return  # the batch in flight sends the rest when it is answered
         batch, self._outbox = self._outbox, []
+        self._publishing = True
         task = asyncio.get_running_loop().create_task(self._publish_batch(batch))
         self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
+        task.add_done_callback(self._batch_done)
+
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        self._sending.discard(task)
+        self._publishing = False
+        self._send_outbox()
 
     async def _publish_batch(self, batch: list[_Outgoing]) -> None:
+        loop = asyncio.get_running_loop()
+        self._batch_deadline = loop.time() + self.command_timeout
+        self._batch_expired = False
+        if self._watchdog is None:
+            self._watchdog = loop.call_at(self._batch_deadline, self._watch_batch)
         try:
-            if len(batch) == 1:
-                one = batch[0]
-                results: list[Any] = [
-                    await publish_via_redis(
-                        self._client,
-                        self.prefix,
-                        one.publication,
-                        one.history,
-                        history_size=self.history_size,
-                        history_ttl=self.history_ttl,
-                        history_meta_ttl=self.history_meta_ttl,
-                    )
-                ]
-            else:
-                results = await self._pipeline(batch)
+            results = await self._pipeline(batch)
+        except asyncio.CancelledError:
+            if not self._batch_expired:
+                raise
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            await self._drop_publisher()  # replies may still come: not for the next batch
+            timeout = RedisTimeoutError(f"no answer within {self.command_timeout:g} s")
+            results = [timeout] * len(batch)
         except _ERRORS as exc:
+            await self._drop_publisher()
             results = [exc] * len(batch)
+        finally:
+            self._batch_deadline = None
         for item, result in zip(batch, results, strict=True):
             if item.done.done():
                 continue  # the caller was cancelled
@@ -668,31 +714,67 @@ class RedisBackend:
             else:
                 item.done.set_result(result)
 
+    def _watch_batch(self) -> None:
+        """Cancel the batch in flight if its deadline passed; else wait for it."""
+        self._watchdog = None
+        deadline = self._batch_deadline
+        if deadline is None or self._batch_expired:
+            return  # nothing in flight: the next batch arms the timer again
+        loop = asyncio.get_running_loop()
+        if loop.time() < deadline:
+            self._watchdog = loop.call_at(deadline, self._watch_batch)
+            return
+        # The batch's task is suspended in _pipeline (the deadline is cleared as soon
+        # as it returns), so the cancellation lands there.
+        self._batch_expired = True
+        for task in self._sending:
+            task.cancel()
+
     async def _pipeline(self, batch: list[_Outgoing]) -> list[Any]:
-        """Publish ``batch`` in one round trip; a result (position or None) or the
-        error per publication."""
+        """Publish ``batch`` in one round trip on the publications' connection; a
+        result (position or None) or the error per publication.
+
+        The connection is driven directly (the commands packed here, the replies read
+        in order), without a client, a pool or a pipeline object; its caller sets the
+        deadline."""
         script = _lua.PUBLISH
         calls: list[tuple[tuple[str, str], tuple[str | int | bytes, ...]] | None] = []
+        commands: list[tuple[str | int | bytes, ...]] = []
         mixed = len({item.history for item in batch}) > 1
-        async with self._client.pipeline(transaction=False) as pipe:
-            if mixed:
-                # A Redis without the script would run the plain PUBLISHes at once and
-                # the scripted ones only when sent again: load it first to keep order.
-                pipe.script_load(script.source)
-            for item in batch:
-                p = item.publication
-                if item.history:
-                    keys, args = _publish_script_args(
-                        self.prefix, p, self.history_size, self.history_ttl, self.history_meta_ttl
-                    )
-                    calls.append((keys, args))
-                    pipe.evalsha(script.sha, len(keys), *keys, *args)
-                else:
-                    calls.append(None)
-                    pipe.publish(
-                        publication_channel(self.prefix, p.app_id, p.channel), encode_publication(p)
-                    )
-            replies = await pipe.execute(raise_on_error=False)
+        if mixed:
+            # A Redis without the script would run the plain PUBLISHes at once and
+            # the scripted ones only when sent again: load it first to keep order.
+            commands.append(("SCRIPT", "LOAD", script.source))
+        # One epoch for the batch (a random draw is a system call): it only serves a
+        # channel that the batch creates, and a batch creates a channel once.
+        epoch = new_epoch()
+        for item in batch:
+            p = item.publication
+            if item.history:
+                keys, args = _publish_script_args(
+                    self.prefix,
+                    p,
+                    self.history_size,
+                    self.history_ttl,
+                    self.history_meta_ttl,
+                    epoch,
+                )
+                calls.append((keys, args))
+                commands.append(("EVALSHA", script.sha, len(keys), *keys, *args))
+            else:
+                calls.append(None)
+                name = publication_channel(self.prefix, p.app_id, p.channel)
+                commands.append(("PUBLISH", name, encode_publication(p)))
+        conn = self._publisher
+        if conn is None:
+            conn = self._publisher = self._new_publish_connection()
+        await conn.send_packed_command(pack_commands(commands), check_health=False)
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(await conn.read_response())
+            except ResponseError as exc:  # that command's error; the others stand
+                replies.append(exc)
         if mixed:
             replies = replies[1:]
         results: list[Any] = []
@@ -707,6 +789,28 @@ class RedisBackend:
             else:
                 results.append(_position(reply))
         return results
+
+    def _new_publish_connection(self) -> AbstractConnection:
+        kwargs = dict(self._connect_kwargs)
+        connection_class = kwargs.pop("connection_class", Connection)
+        # No socket timeout: each batch has one deadline (_publish_batch) instead of a
+        # timer per write and per reply. Connected on its first command.
+        kwargs.update(
+            protocol=2,
+            socket_timeout=None,
+            socket_connect_timeout=self.connect_timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
+        connection: AbstractConnection = connection_class(**kwargs)
+        return connection
+
+    async def _drop_publisher(self) -> None:
+        """Close the publications' connection; the next batch opens a new one (to the
+        address of the day, after a reconnection or a Sentinel failover)."""
+        conn, self._publisher = self._publisher, None
+        if conn is not None:
+            with contextlib.suppress(*_ERRORS):
+                await conn.disconnect(nowait=True)
 
     async def store_value(self, app_id: str, key: str, value: bytes, ttl: float) -> None:
         """See :meth:`broadcaster.backends.base.Backend.store_value`."""
@@ -1064,6 +1168,7 @@ class RedisBackend:
         """Connect both connections, subscribe to everything this node had and write its
         state; then the node is ready."""
         await self._client.connection_pool.disconnect()
+        await self._drop_publisher()
         await self._client.ping()
         conn = self._new_pubsub_connection()
         try:

@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
+from broadcaster.backends.base import BackendUnavailable
 from broadcaster.backends.redis import RedisBackend
 from broadcaster.publication import Position, Publication
-from tests.backends.helpers import APP, Node
+from tests.backends.helpers import APP, Node, eventually
 from tests.support.processes import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -63,3 +64,29 @@ async def test_a_redis_without_the_publish_script_still_publishes_a_pipeline(
     assert [p.offset for p in positions if p is not None] == [1, 2, 3, 4, 5]
     await node.wait_for("c", 5)
     assert [p.data for p in node.on("c")] == ["0", "1", "2", "3", "4"]
+
+
+async def test_a_batch_redis_does_not_answer_fails_at_its_deadline_and_the_next_goes_out(
+    redis_server: RedisServer,
+) -> None:
+    """One timer watches the batch in flight: past ``command_timeout`` its callers get
+    BackendUnavailable, and the following batch goes out on a new connection."""
+    backend = RedisBackend(
+        redis_server.url, prefix=f"test-{uuid.uuid4().hex[:12]}", apps=(APP,), command_timeout=0.3
+    )
+    started = Node(backend)
+    await backend.start(started.on_publication, started.on_control)
+    try:
+        await backend.subscribe(APP, "t")
+        async with Redis.from_url(redis_server.url) as admin:
+            await admin.client_pause(1500, all=True)  # ends by itself
+            calls = [backend.publish(pub("t", n)) for n in range(3)]
+            results = await asyncio.gather(*calls, return_exceptions=True)
+        assert all(isinstance(r, BackendUnavailable) for r in results), results
+        assert all("no answer within 0.3 s" in str(r) for r in results)
+        await eventually(lambda: backend.ready, "Redis to answer again")
+        position = await backend.publish(pub("t", 9))
+        assert position is not None
+        await eventually(lambda: "9" in [p.data for p in started.on("t")], "the publication")
+    finally:
+        await backend.stop()

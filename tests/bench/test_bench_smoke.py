@@ -127,3 +127,27 @@ def test_smallest_channels_idle_and_agents_runs_count_every_delivery() -> None:
     assert step["delivered"] > 0
     assert step["publish_side_ms"]["n"] > 0  # the bench read chunks off Redis itself
     assert step["lost"] == step["out_of_order"] == step["wrong_channel"] == step["dropped"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_quick_http_run_measures_the_bare_uvicorn_reference_and_checks_issue_17() -> None:
+    """The bare-uvicorn reference takes the same signed requests (every one answered 200,
+    nothing delivered) and the report checks the HTTP targets against it."""
+    _require_bench_packages()
+    argv = [sys.executable, "-m", "bench", "--quick", "--scenarios", "http"]
+    argv += ["--servers", "uvicorn,broadcaster", "--no-save"]
+    run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=110, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    results = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert [r["server"] for r in results] == ["uvicorn", "broadcaster"], run.stdout
+    reference, ours = results
+    assert reference["single_requests"] > 0
+    assert reference["single_delivered"] is None
+    assert ours["single_delivered"] == ours["single_events"]
+    assert ours["batch_delivered"] == ours["batch_events"]
+    assert ours["lost"] == 0
+    assert ours["out_of_order"] == 0
+    assert "x uvicorn" in run.stdout
+    assert "(e) signed HTTP publish CPU per request <= 2x a bare uvicorn endpoint:" in run.stdout
+    assert "(e) HTTP batch of 10: server CPU per event <= 40 us:" in run.stdout

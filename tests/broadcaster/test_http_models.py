@@ -160,3 +160,43 @@ def test_a_bad_socket_id_is_quoted_only_as_an_excerpt() -> None:
         parse_trigger(orjson.dumps(body), APP)
     assert caught.value.status == 400
     assert "(5000 characters)" in caught.value.message
+
+
+PLAIN_EVENTS = [
+    {"name": "a", "data": "x", "channel": "c"},
+    {"name": "a", "data": "", "channels": ["c", "d", "c"], "socket_id": "1.2", "info": "x"},
+    {"name": "", "data": "x", "channel": None, "channels": [], "socket_id": None, "info": None},
+    {"name": "a", "data": "x", "channel": "c", "extra": [1, {"y": 2}]},
+]
+ODD_EVENTS = [
+    {"data": "x", "channel": "c"},
+    {"name": 1, "data": "x", "channel": "c"},
+    {"name": "a", "data": {"k": 1}, "channel": "c"},
+    {"name": "a", "data": "x", "channel": ["c"]},
+    {"name": "a", "data": "x", "channels": "c"},
+    {"name": "a", "data": "x", "channels": ["c", 2]},
+    {"name": "a", "data": "x", "channel": "c", "socket_id": 1.5},
+    {"name": "a", "data": "x", "channel": "c", "info": ["user_count"]},
+]
+
+
+@pytest.mark.parametrize("event", PLAIN_EVENTS)
+def test_plainly_typed_events_read_as_pydantic_reads_them(event: dict[str, Any]) -> None:
+    """The fields read without pydantic (the common case) are those it would give."""
+    from broadcaster.http_models import _EventBody, _plain_event
+
+    plain = _plain_event(event)
+    valid = _EventBody.model_validate(event)
+    assert plain is not None
+    fields = ("name", "data", "channel", "channels", "socket_id", "info")
+    assert [getattr(plain, f) for f in fields] == [getattr(valid, f) for f in fields]
+
+
+@pytest.mark.parametrize("event", ODD_EVENTS)
+def test_anything_else_is_left_to_pydantic_and_refused_with_its_reason(
+    event: dict[str, Any],
+) -> None:
+    from broadcaster.http_models import _plain_event
+
+    assert _plain_event(event) is None
+    assert refused(orjson.dumps(event)).status == 400

@@ -22,6 +22,7 @@ def test_exposition_reports_the_plain_counters_and_the_histogram() -> None:
     metrics.messages_in += 2
     metrics.messages_out += 7
     metrics.publications += 3
+    metrics.http_publishes += 4
     metrics.send_latency.observe(0.002)
     samples = {
         (sample.name, sample.labels.get("le")): sample.value
@@ -31,6 +32,7 @@ def test_exposition_reports_the_plain_counters_and_the_histogram() -> None:
     assert samples[("broadcaster_messages_in_total", None)] == 2
     assert samples[("broadcaster_messages_out_total", None)] == 7
     assert samples[("broadcaster_publications_total", None)] == 3
+    assert samples[("broadcaster_http_publishes_total", None)] == 4
     assert samples[("broadcaster_publish_send_seconds_bucket", "0.001")] == 0
     assert samples[("broadcaster_publish_send_seconds_bucket", "0.0025")] == 1
     assert samples[("broadcaster_publish_send_seconds_bucket", "+Inf")] == 1
