@@ -42,6 +42,7 @@ import orjson
 from redis.asyncio import Redis
 
 from agent_core.adapters.broadcasting import AgentEventAdapter
+from agent_core.app.worker import event_loop_factory
 from agent_core.builder import AgentBuilder
 from agent_core.drivers.base import ModelDriver, ModelRequest, StreamEvent, TextDelta
 from agent_core.drivers.scripted import ScriptedDriver, ScriptedResponse, call
@@ -260,8 +261,9 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: ``python -m bench.agents '<json config>'``."""
     args = sys.argv[1:] if argv is None else argv
     try:
-        # The plain asyncio loop, as the agent worker (agent_core/app/worker.py) runs.
-        asyncio.run(_main(json.loads(args[0])))
+        # The loop the agent worker (agent_core/app/worker.py) runs on.
+        with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+            runner.run(_main(json.loads(args[0])))
     except Exception as exc:
         _out({"type": "fatal", "error": f"{type(exc).__name__}: {exc}"})
         raise SystemExit(1) from exc
