@@ -202,7 +202,7 @@ async def _step(
     argv = [sys.executable, "-m", "bench.shards", "--publisher", json.dumps(pub_cfg)]
     pub = Child("publisher", argv)
     try:
-        await asyncio.gather(*(g.expect("ready", 60) for g in gens))
+        readies = await asyncio.gather(*(g.expect("ready", 60) for g in gens))
         await pub.start()
         await pub.expect("ready", 30)
         pids = {"redis": cluster.pids, "server": [s.pid for s in servers], "pub": [pub.pid]}
@@ -225,6 +225,9 @@ async def _step(
         "delivered": stats["received"],
         "lost": lost,
         "out_of_order": stats["out_of_order"],
+        "subscribe_failed": sum(r["failed"] for r in readies),
+        "unexpected_closes": stats["unexpected_closes"],
+        "errors": [*(e for r in readies for e in r["errors"]), *stats.get("errors", [])][:5],
         "latency_ms": stats.get("latency_ms"),
         "redis_cpu_us_per_publication": round(cpu["redis"] * 1e6 / n, 2),
         "server_cpu_us_per_publication": round(cpu["server"] * 1e6 / n, 2),

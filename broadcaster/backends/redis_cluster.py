@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import re
@@ -65,11 +66,13 @@ from broadcaster.backends.base import (
 from broadcaster.backends.redis import (
     _ERRORS,
     _MAX_CONNECTIONS,
+    PubSubReader,
     RedisBackend,
     _ms,
     _Outgoing,
     _position,
     encode_publication,
+    take_over,
 )
 from broadcaster.publication import Position, Publication
 
@@ -255,13 +258,21 @@ def _publish_args(
 
 @dataclass
 class _Shard:
-    """One pub/sub connection to a primary, and the shard channels subscribed there."""
+    """One pub/sub connection to a primary, read by a :class:`PubSubReader`, and the
+    shard channels subscribed there."""
 
     address: tuple[str, int]
     conn: AbstractConnection
     channels: set[bytes] = field(default_factory=set)
-    reader: asyncio.Task[None] | None = None
+    reader: PubSubReader | None = None
+    watch: asyncio.Task[None] | None = None  # handles the loss of the connection
     pong_at: float = 0.0
+
+    @property
+    def alive(self) -> bool:
+        """Connected, and its reader has not lost the connection."""
+        reader = self.reader
+        return reader is not None and not reader.lost.done() and self.conn.is_connected
 
 
 class RedisClusterBackend(RedisBackend):
@@ -357,12 +368,17 @@ class RedisClusterBackend(RedisBackend):
     async def _shard_command(self, kind: bytes, name: bytes) -> None:
         """Send SSUBSCRIBE/SUNSUBSCRIBE on the shard of ``name`` and wait for Redis to
         confirm it; give up quietly when the shard is away (the resync restores it).
+        While the node (re)subscribes (not ready), a subscribe is left to the resync
+        that follows: the one under way may have taken its list of channels already.
 
         The commands of one event-loop tick (a reconnect storm's thousands of
         subscribes) go out in one write per shard, in the order of the calls: one
         command per channel still, as Redis takes only channels of one slot in one
         SSUBSCRIBE and every channel has a slot of its own."""
         if not self._ready:
+            if kind == b"ssubscribe":
+                self._moved.add(name)
+                self._trouble.set()
             return
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
@@ -424,14 +440,16 @@ class RedisClusterBackend(RedisBackend):
 
     async def _shard(self, address: tuple[str, int]) -> _Shard:
         shard = self._shards.get(address)
-        if shard is not None and shard.conn.is_connected:
+        if shard is not None and shard.alive:
             return shard
         opening = self._opening.get(address)
         if opening is not None:  # one connection per shard, however many callers race
             return await asyncio.shield(opening)
         opening = self._opening[address] = asyncio.get_running_loop().create_future()
         try:
-            if shard is not None:
+            if shard is not None:  # lost, its loss not handled yet: the resync follows it
+                self._moved |= shard.channels
+                self._trouble.set()
                 await self._close_shard(shard)
             shard = await self._open_shard(address)
         except BaseException as exc:
@@ -449,8 +467,17 @@ class RedisClusterBackend(RedisBackend):
         conn = self._shard_connection(address)
         await conn.connect()  # type: ignore[no-untyped-call]
         shard = _Shard(address, conn, pong_at=asyncio.get_running_loop().time())
+        reader = PubSubReader(functools.partial(self._dispatch_shard, shard), self.read_delay)
+        try:
+            take_over(conn, reader)
+        except BaseException:
+            await conn.disconnect(nowait=True)
+            raise
+        shard.reader = reader
         self._shards[address] = shard
-        shard.reader = asyncio.create_task(self._read_shard(shard), name="redis-cluster-shard")
+        # The task is kept alive by the reader's ``lost`` future, which the transport
+        # (and so the event loop) holds through the reader, as long as it is open.
+        shard.watch = asyncio.create_task(self._watch_shard(shard), name="redis-cluster-shard")
         return shard
 
     def _shard_connection(self, address: tuple[str, int]) -> AbstractConnection:
@@ -472,34 +499,39 @@ class RedisClusterBackend(RedisBackend):
     async def _close_shard(self, shard: _Shard) -> None:
         if self._shards.get(shard.address) is shard:
             del self._shards[shard.address]
-        if shard.reader is not None and shard.reader is not asyncio.current_task():
-            shard.reader.cancel()
+        if shard.watch is not None and shard.watch is not asyncio.current_task():
+            shard.watch.cancel()
         with contextlib.suppress(*_ERRORS):
             await shard.conn.disconnect(nowait=True)
 
-    async def _read_shard(self, shard: _Shard) -> None:
-        on_publication = self._on_publication
-        assert on_publication is not None
-        try:
-            while True:
-                reply = await shard.conn.read_response()
-                kind = reply[0]
-                if kind == b"smessage":
-                    data = reply[2]
-                    if data[:1] == b"[":
-                        self._deliver(on_publication, data)
-                    else:
-                        self._control(data)
-                elif kind == b"pong":
-                    shard.pong_at = asyncio.get_running_loop().time()
-                elif kind in (b"ssubscribe", b"sunsubscribe"):
-                    self._shard_confirm(shard, kind, reply[1])
-        except _ERRORS as exc:
-            log.warning("lost the shard at %s:%d (%s); resyncing", *shard.address, exc)
-            if self._shards.get(shard.address) is shard:
-                del self._shards[shard.address]
-            self._moved |= shard.channels
-            self._trouble.set()
+    def _dispatch_shard(self, shard: _Shard, reply: Any) -> None:
+        """Handle one reply of ``shard``'s connection (called by its
+        :class:`PubSubReader` for every reply of a wake-up in turn)."""
+        kind = reply[0]
+        if kind == b"smessage":
+            data = reply[2]
+            if data[:1] == b"[":
+                self._deliver(self._on_publication, data)  # type: ignore[arg-type]
+            else:
+                self._control(data)
+        elif kind == b"pong":
+            shard.pong_at = asyncio.get_running_loop().time()
+        elif kind in (b"ssubscribe", b"sunsubscribe"):
+            self._shard_confirm(shard, kind, reply[1])
+
+    async def _watch_shard(self, shard: _Shard) -> None:
+        """When ``shard``'s connection is lost (or a reply is unreadable, or an error
+        such as MOVED): forget it, and let the resync subscribe its channels again."""
+        reader = shard.reader
+        assert reader is not None
+        exc = await reader.lost
+        log.warning("lost the shard at %s:%d (%s); resyncing", *shard.address, exc)
+        if self._shards.get(shard.address) is shard:
+            del self._shards[shard.address]
+        self._moved |= shard.channels
+        self._trouble.set()
+        with contextlib.suppress(*_ERRORS):
+            await shard.conn.disconnect(nowait=True)
 
     def _shard_confirm(self, shard: _Shard, kind: bytes, name: bytes) -> None:
         waiters = self._waiters.get((kind, name))
@@ -559,7 +591,7 @@ class RedisClusterBackend(RedisBackend):
         await shard.conn.send_packed_command(packed, check_health=False)
         async with asyncio.timeout(self.command_timeout):
             while shard.pong_at < pinged:
-                if shard.reader is None or shard.reader.done():
+                if not shard.alive:
                     raise ConnectionError(f"shard {shard.address} lost while subscribing")
                 await asyncio.sleep(0.005)
 

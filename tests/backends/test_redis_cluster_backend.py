@@ -20,7 +20,7 @@ from broadcaster.backends.redis_cluster import (
     publish_via_redis_cluster,
 )
 from broadcaster.publication import Publication
-from tests.backends.helpers import APP, Node, eventually
+from tests.backends.helpers import APP, Node, eventually, eventually_async
 from tests.support.topologies import ClusterTopology, command
 
 pytestmark = pytest.mark.redis
@@ -140,6 +140,50 @@ async def test_a_subscriber_of_many_channels_gets_all_of_them_back_after_losing_
     for channel in channels:
         await subscriber.wait_for(channel)
     assert sorted(p.channel for p in subscriber.publications) == sorted(channels)
+
+
+async def test_a_channel_subscribed_while_the_node_follows_a_lost_shard_is_not_dropped(
+    nodes: Start, redis_cluster: ClusterTopology
+) -> None:
+    """A subscribe that arrives while the node resubscribes after losing its shards
+    (not ready) is left to a resync, not dropped: the channel ends up subscribed on its
+    shard and receives."""
+    publisher, subscriber = await nodes(apps=()), await nodes()
+    await subscriber.backend.subscribe(APP, "before")
+    for primary in redis_cluster.primaries():
+        for client_id in _shard_subscribers(primary.port):
+            command(primary.port, "client", "kill", "id", client_id)
+    deadline = asyncio.get_running_loop().time() + 10
+    while subscriber.backend.ready:  # the resync under way: every await of it yields
+        assert asyncio.get_running_loop().time() < deadline, "no resync began"
+        await asyncio.sleep(0)
+
+    await subscriber.backend.subscribe(APP, "during")
+    await eventually(lambda: subscriber.backend.ready, "the node to be ready again")
+
+    async def received() -> bool:
+        await publisher.backend.publish(pub("x", "during"))
+        await asyncio.sleep(0.05)
+        return bool(subscriber.on("during"))
+
+    await eventually_async(received, "a publication on the channel subscribed meanwhile")
+    name = channel_key(subscriber.backend.prefix, APP, "during", "pub")
+    owner = redis_cluster.owner(key_slot(name.encode()))
+    assert command(owner.port, "pubsub", "shardnumsub", name).split()[1] == "1"
+
+
+async def test_the_shard_readers_take_the_read_delay(nodes: Start) -> None:
+    """Every shard connection is read by a PubSubReader with the node's read_delay."""
+    publisher, subscriber = await nodes(), await nodes(read_delay=0.01)
+    channels = [f"delay-{i}" for i in range(20)]  # on every shard
+    await asyncio.gather(*(subscriber.backend.subscribe(APP, c) for c in channels))
+    shards = list(subscriber.backend._shards.values())
+    assert len(shards) == 3
+    assert all(s.reader is not None and s.reader._read_delay == 0.01 for s in shards)
+
+    await asyncio.gather(*(publisher.backend.publish(pub(c, c)) for c in channels))
+    for channel in channels:
+        await subscriber.wait_for(channel)
 
 
 def _shard_subscribers(port: int) -> list[str]:

@@ -5,14 +5,17 @@ No timing is asserted here; the figures themselves come from ``scripts/bench``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from bench.agents import emitter_packet
 from bench.envelope import ENVELOPE_BYTES, envelope
+from bench.shards import run_shards
 from broadcaster.envelope import StreamChunk, parse_envelope
 from tests.support.processes import IN_CI, REPO, require_binary
 
@@ -151,3 +154,18 @@ def test_quick_http_run_measures_the_bare_uvicorn_reference_and_checks_issue_17(
     assert "x uvicorn" in run.stdout
     assert "(e) signed HTTP publish CPU per request <= 2x a bare uvicorn endpoint:" in run.stdout
     assert "(e) HTTP batch of 10: server CPU per event <= 40 us:" in run.stdout
+
+
+@pytest.mark.timeout(60)
+def test_smallest_shards_run_delivers_every_publication_through_3_shards() -> None:
+    """bench/shards.py over a 3-primary cluster and 2 server nodes, one step of 1 s at
+    300/s on 8 channels: every publication reaches both nodes' clients, none lost."""
+    _require_bench_packages()
+    sizes = SimpleNamespace(channels=8, seconds=1.0, rates=(300,))
+    result = asyncio.run(run_shards(3, sizes))
+    (step,) = result["steps"]
+    assert step["subscribe_failed"] == 0
+    assert step["unexpected_closes"] == 0
+    assert step["lost"] == 0
+    assert step["delivered"] == 2 * step["published"] == 600
+    assert result["capacity"] is not None
