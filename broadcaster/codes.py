@@ -21,7 +21,9 @@ Code   Name                       Closes  When
                                           signature or bad ``user_data``)
 4100   OVER_CAPACITY              yes     the server is full, the client reads too slowly
                                           (SLOW_CONSUMER), a subscribe's backend work
-                                          failed (history not read), or a connection of an
+                                          failed (history not read), a channel's missed
+                                          publications could not be read again (resume
+                                          from the last position), or a connection of an
                                           app with ``max_connections`` could not be counted
                                           (Redis away): reconnect with back-off
 4200   SERVER_CLOSING             yes     the server shuts down or restarts: reconnect now

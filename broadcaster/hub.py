@@ -20,10 +20,23 @@ Gaps: the hub remembers the last position it delivered on each channel. A public
 that skips offsets (the node's pub/sub subscription was down while another node
 published, e.g. during a Redis outage) makes the hub hold the channel's live
 publications, read the skipped ones from the history and deliver them first, in order;
-a copy of a publication already delivered is dropped. :meth:`Hub.check_gaps` does the
-same for every channel after the backend reconnected, for gaps at the end of a stream.
-When the history no longer holds the skipped publications, they are lost for the live
-subscribers (logged); a client resuming from its position is told ``recovered: false``.
+a live copy of a publication already delivered from the history is dropped.
+:meth:`Hub.check_gaps` does the same for every channel after the backend reconnected,
+for gaps at the end of a stream. A history read that fails (the backend is failing
+over) is tried again with a growing pause, for ``fill_attempts`` reads within
+``fill_deadline`` seconds; the live publications held meanwhile are bounded by
+``max_buffer_bytes`` (beyond it they are dropped and read from the history too). When
+the skipped publications cannot be read (the history no longer holds them, or the
+backend stayed away), the channel's local subscribers are closed with 4100: they
+reconnect and resume from their position, and are told ``recovered: false`` if the
+history cannot give them what they missed. Never a silent gap.
+
+A live publication at or before the last one received live in the same epoch is not a
+copy (pub/sub delivers a channel's publications once, in offset order): the channel's
+store went back (it lost publications and hands out their offsets again). It is
+delivered and logged. The Redis scripts prevent this by starting a new epoch on a
+primary with another replication id (see :mod:`broadcaster.backends._lua`); a new
+epoch's start is delivered as a normal start.
 """
 
 from __future__ import annotations
@@ -36,6 +49,7 @@ from dataclasses import dataclass, field
 from broadcaster import protocol
 from broadcaster._frames import Outgoing
 from broadcaster.backends.base import Backend, BackendUnavailable, HistoryResult
+from broadcaster.codes import ErrorCode
 from broadcaster.connection import Connection
 from broadcaster.metrics import Metrics
 from broadcaster.publication import Position, Publication
@@ -47,6 +61,9 @@ log = logging.getLogger("broadcaster.hub")
 _Key = tuple[str, str]
 _PAGE = 100  # publications per history read of a resume
 _DRAIN_TIMEOUT = 30.0  # seconds a resuming client may take to make room for the next one
+_FILL_PAUSE = 0.1  # seconds before a failed gap fill reads again; doubles up to _FILL_PAUSE_MAX
+_FILL_PAUSE_MAX = 2.0
+_HELD_OVERHEAD = 64  # bytes counted per held publication besides its data
 
 
 def encode(publication: Publication) -> Outgoing:
@@ -88,9 +105,20 @@ class _Channel:
     subscribers: dict[Connection, _Recovery | _Seam | None] = field(default_factory=dict)
     # Set while the backend subscription is being made; waited on by later subscribers.
     ready: asyncio.Future[None] | None = None
-    # The last position delivered here, and the publications held while a gap is filled.
+    # The last position delivered here, and the last one received live (pub/sub): a
+    # live one between the two is a copy of what the history gave, one at or before
+    # ``live`` means the store went back.
     last: Position | None = None
+    live: Position | None = None
+    # The live publications held while a gap is filled, their size, and whether some
+    # were dropped (over max_buffer_bytes; the fill reads them from the history again).
     filling: list[Publication] | None = None
+    held_bytes: int = 0
+    shed: bool = False
+
+
+class _Unfillable(Exception):
+    """The missed publications cannot be read: the history no longer has them."""
 
 
 class Hub:
@@ -104,12 +132,16 @@ class Hub:
         max_buffer_bytes: int = 1 << 20,
         max_history_reads: int = 32,
         history_read_timeout: float = 10.0,
+        fill_attempts: int = 20,
+        fill_deadline: float = 30.0,
     ) -> None:
         self._backend = backend
         self._metrics = metrics
         self._max_buffer_bytes = max_buffer_bytes
         self._reads = asyncio.Semaphore(max_history_reads)  # FIFO: no resume starves
         self._read_timeout = history_read_timeout
+        self._fill_attempts = fill_attempts
+        self._fill_deadline = fill_deadline
         self._channels: dict[_Key, _Channel] = {}
         self._leaving: dict[_Key, asyncio.Task[None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -278,26 +310,65 @@ class Hub:
 
     def deliver(self, publication: Publication) -> None:
         """Queue ``publication`` to every local subscriber (the backend's handler)."""
-        entry = self._channels.get((publication.app_id, publication.channel))
-        if entry is None:
-            return
+        key = (publication.app_id, publication.channel)
+        entry = self._channels.get(key)
+        if entry is not None:
+            self._take(key, entry, publication, None)
+
+    def _take(
+        self, key: _Key, entry: _Channel, publication: Publication, filled: Position | None
+    ) -> None:
+        """Deliver a live ``publication`` in order (``filled``: where the gap fill whose
+        held publications these are started)."""
         position = publication.position
         if position is not None:
             if entry.filling is not None:
-                entry.filling.append(publication)
+                self._hold(entry, publication)
                 return
-            last = entry.last
-            if last is not None and last.epoch == position.epoch:
-                if position.offset <= last.offset:
-                    return  # a copy of what was delivered (from the history) already
-                if position.offset > last.offset + 1:
-                    self._fill((publication.app_id, publication.channel), entry, last, publication)
-                    return
-            elif last is not None and position.offset > 1:  # a new epoch, its start missed
-                since = Position(0, position.epoch)
-                self._fill((publication.app_id, publication.channel), entry, since, publication)
+            if not self._in_order(key, entry, publication, position, filled):
                 return
-            entry.last = position
+        self._fan_out(entry, publication)
+
+    def _in_order(
+        self,
+        key: _Key,
+        entry: _Channel,
+        publication: Publication,
+        position: Position,
+        filled: Position | None,
+    ) -> bool:
+        """Whether to deliver ``publication`` now: False for a copy, or when it revealed
+        a gap (it is held while the gap is filled)."""
+        last, live = entry.last, entry.live
+        gap = None  # where the missed publications start
+        if last is not None and last.epoch == position.epoch:
+            if position.offset <= last.offset:
+                if live is None or live.epoch != position.epoch or position.offset > live.offset:
+                    entry.live = position
+                    return False  # a copy of what the history gave
+                self._went_back(key, entry, live, position)
+            elif position.offset > last.offset + 1:
+                gap = last
+        elif last is not None and position.offset > 1:  # a new epoch, its start missed
+            gap = Position(0, position.epoch)
+        if gap is not None and self._fill(key, entry, gap, publication, filled):
+            return False
+        entry.last = entry.live = position
+        return True
+
+    def _went_back(self, key: _Key, entry: _Channel, live: Position, position: Position) -> None:
+        log.warning(
+            "channel %s: a live publication at %s after %s: the store lost publications "
+            "and hands out their offsets again; delivered",
+            key[1],
+            position,
+            live,
+        )
+        for conn, state in entry.subscribers.items():
+            if isinstance(state, _Seam):  # its seam is meaningless now: take every one
+                entry.subscribers[conn] = None
+
+    def _fan_out(self, entry: _Channel, publication: Publication) -> None:
         started = time.perf_counter()
         message = encode(publication)
         exclude = publication.exclude_socket_id
@@ -353,39 +424,132 @@ class Hub:
         when the backend reconnected: the gap may be at the end of a stream)."""
         for key, entry in self._channels.items():
             if entry.last is not None and entry.filling is None:
-                self._fill(key, entry, entry.last, None)
+                self._fill(key, entry, entry.last, None, None)
 
     async def drain_fills(self) -> None:
         """Wait for the gap fills under way (tests, shutdown)."""
         while self._fills:
             await asyncio.gather(*self._fills, return_exceptions=True)
 
-    def _fill(self, key: _Key, entry: _Channel, since: Position, first: Publication | None) -> None:
-        entry.filling = [] if first is None else [first]
+    def _fill(
+        self,
+        key: _Key,
+        entry: _Channel,
+        since: Position,
+        first: Publication | None,
+        filled: Position | None,
+    ) -> bool:
+        """Start filling the gap after ``since``, holding ``first``. False (nothing
+        started, ``first`` to be delivered now) when the fill that just ended started
+        there too: it could not close the gap, so the subscribers are told (see
+        :meth:`_lost`)."""
+        if since == filled:
+            self._lost(key, entry, f"publications after {since} are missing from the history")
+            return False
+        entry.filling, entry.held_bytes, entry.shed = [], 0, False
+        if first is not None:
+            self._hold(entry, first)
         task = asyncio.get_running_loop().create_task(self._fill_from_history(key, entry, since))
         self._fills.add(task)
         task.add_done_callback(self._fills.discard)
+        return True
+
+    def _hold(self, entry: _Channel, publication: Publication) -> None:
+        held = entry.filling
+        assert held is not None
+        held.append(publication)
+        entry.held_bytes += len(publication.data) + _HELD_OVERHEAD
+        if entry.held_bytes > self._max_buffer_bytes:
+            held.clear()  # they all have a position: the fill reads them from the history
+            entry.held_bytes, entry.shed = 0, True
 
     async def _fill_from_history(self, key: _Key, entry: _Channel, since: Position) -> None:
-        missed: tuple[Publication, ...] = ()
-        recovered = False
+        started, problem = since, None
         try:
-            result = await self._backend.history(*key, since)
-            latest = result.position
-            if not result.recovered and latest is not None and latest.epoch != since.epoch:
-                since = Position(0, latest.epoch)  # the epoch changed: its start
-                result = await self._backend.history(*key, since)
-            recovered, missed = result.recovered, result.publications
-            if not recovered:
-                log.warning("channel %s missed publications the history no longer has", key[1])
+            for _ in range(self._fill_attempts):
+                entry.shed = False
+                since, missed = await self._read_missed(key, entry, since)
+                for publication in missed:  # in order, right after ``since``
+                    self._fan_out(entry, publication)
+                    since = publication.position or since
+                entry.last = since
+                if not entry.shed:
+                    break  # else held ones were dropped after the read: read on
+            else:
+                problem = "the live publications outran the history reads"
+        except _Unfillable as exc:
+            problem = str(exc)
         except BackendUnavailable as exc:
-            log.warning("channel %s: missed publications not read (%s)", key[1], exc)
-        held, entry.filling = entry.filling or [], None
+            problem = f"the history could not be read ({exc})"
+        held, entry.filling, entry.held_bytes = entry.filling or [], None, 0
         if self._channels.get(key) is not entry:
             return  # everyone left meanwhile
-        entry.last = since if recovered else None  # None: accept the gap, do not refill
-        for publication in (*missed, *held):
-            self.deliver(publication)
+        if problem is not None:
+            self._lost(key, entry, problem)
+        for publication in held:
+            self._take(key, entry, publication, started)
+
+    async def _read_missed(
+        self, key: _Key, entry: _Channel, since: Position
+    ) -> tuple[Position, tuple[Publication, ...]]:
+        """What the channel published after ``since``, and where that starts (the
+        start of a new epoch when the epoch changed).
+
+        Raises:
+            _Unfillable: the history no longer has them.
+            BackendUnavailable: the history could not be read within the bounds.
+        """
+        result = await self._read_retrying(key, entry, since)
+        latest = result.position
+        if result.recovered:
+            return since, result.publications
+        if latest is None:
+            return since, ()  # nothing stored (Redis restarted empty): nothing to read
+        if latest.epoch == since.epoch:
+            if latest.offset <= since.offset:
+                # The store holds nothing after ``since``: it went back (a failover lost
+                # its last publications; the next publication starts a new epoch).
+                return since, ()
+            raise _Unfillable(f"publications after {since} are missing from the history")
+        since = Position(0, latest.epoch)  # the epoch changed: its start
+        result = await self._read_retrying(key, entry, since)
+        if not result.recovered:
+            raise _Unfillable(f"the start of epoch {latest.epoch} is missing from the history")
+        return since, result.publications
+
+    async def _read_retrying(self, key: _Key, entry: _Channel, since: Position) -> HistoryResult:
+        """Read the history after ``since``, again after a growing pause while the
+        backend is unavailable, within ``fill_attempts`` reads and ``fill_deadline``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._fill_deadline
+        pause = _FILL_PAUSE
+        attempt = 1
+        while True:
+            try:
+                async with asyncio.timeout(self._read_timeout):
+                    return await self._backend.history(*key, since)
+            except (BackendUnavailable, TimeoutError) as exc:
+                if attempt >= self._fill_attempts or loop.time() + pause > deadline:
+                    raise BackendUnavailable(f"{attempt} reads failed, the last: {exc}") from exc
+                if self._channels.get(key) is not entry:
+                    raise BackendUnavailable("nobody is subscribed any more") from exc
+                log.info("channel %s: missed publications not read yet (%s)", key[1], exc)
+            await asyncio.sleep(pause)
+            pause, attempt = min(pause * 2, _FILL_PAUSE_MAX), attempt + 1
+
+    def _lost(self, key: _Key, entry: _Channel, problem: str) -> None:
+        """The channel's local subscribers missed publications that cannot be read:
+        close them with 4100, so that they reconnect and resume from their position
+        (told ``recovered: false`` if the history cannot give them what they missed)."""
+        log.warning(
+            "channel %s: %s; closing its %d local subscribers with 4100 to resume",
+            key[1],
+            problem,
+            len(entry.subscribers),
+        )
+        entry.last = entry.live = None
+        for conn in list(entry.subscribers):
+            conn.close(ErrorCode.OVER_CAPACITY, "missed publications: reconnect and resume")
 
     def _observe_after_flush(self, started: float) -> None:
         # One callback per tick, after the Delivery flush of this tick (call_soon

@@ -57,15 +57,35 @@ class Script:
 # Epoch and offset live in the channel's meta hash (e, o); the stream's entry ids are
 # "<offset>-0", so history after an offset is an XRANGE from "<offset + 1>-0". A new epoch
 # drops any stream left over from the old one.
-_EPOCH = """
-local epoch = redis.call('HGET', KEYS[1], 'e')
-if not epoch then
+#
+# The meta also records (r) the replication id of the primary that started the epoch.
+# Redis replicates asynchronously: a replica promoted after its primary died may miss the
+# last publications, and then holds the epoch with a lower offset. Continuing it would hand
+# out the lost offsets again (live copies dropped, resumes "recovered" without the lost
+# ones), so a publication or position on a primary with another replication id starts a
+# new epoch (history continuity can no longer be proven). A promoted replica always takes
+# a new id, so this happens after every failover, lossy or not, and after a cluster slot
+# moved to another shard. A meta without ``r`` (an older version wrote it) adopts the
+# current id. ``ROLE`` may not run in scripts; ``INFO replication`` may.
+_REPLID = """
+local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)') or ''
+"""
+
+_EPOCH = (
+    _REPLID
+    + """
+local meta = redis.call('HMGET', KEYS[1], 'e', 'r')
+local epoch = meta[1]
+if not epoch or (meta[2] and meta[2] ~= replid) then
   epoch = NEW_EPOCH
   redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[1], 'e', epoch)
+  redis.call('HSET', KEYS[1], 'e', epoch, 'o', 0, 'r', replid)
   redis.call('PEXPIRE', KEYS[1], META_TTL)
+elseif not meta[2] then
+  redis.call('HSET', KEYS[1], 'r', replid)
 end
 """
+)
 
 PUBLISH = Script(
     """
@@ -88,12 +108,19 @@ HISTORY = Script(
     """
 -- KEYS: meta, stream. ARGV: since offset, since epoch, history size, most publications
 -- to return (0: all). Reads only: a channel nobody published to stays absent.
--- Returns {epoch ('' when none), top offset, recovered (0/1), payloads...}.
-local meta = redis.call('HMGET', KEYS[1], 'e', 'o')
+-- Returns {epoch ('' when none), top offset, recovered (0/1), payloads...}. Not
+-- recovered either when the epoch was started on a primary with another replication id
+-- (a failover since: what the old primary accepted last may be lost, see _EPOCH); the
+-- next publication starts a new epoch.
+local meta = redis.call('HMGET', KEYS[1], 'e', 'o', 'r')
 local epoch = meta[1]
 if not epoch then return {'', 0, 0} end
 local top = tonumber(meta[2] or '0')
 if epoch ~= ARGV[2] then return {epoch, top, 0} end
+"""
+    + _REPLID
+    + """
+if meta[3] and meta[3] ~= replid then return {epoch, top, 0} end
 local missed = top - tonumber(ARGV[1])
 if missed < 0 or missed > tonumber(ARGV[3]) then return {epoch, top, 0} end
 if missed == 0 then return {epoch, top, 1} end

@@ -468,3 +468,68 @@ async def test_a_release_redis_did_not_take_is_written_once_it_answers(
     await eventually_async(
         lambda: other.backend.admit_connection(APP, 2), "the true count to be written"
     )
+
+
+async def _promote(client: Redis) -> None:
+    """Make the server a replica of nothing reachable, then a primary again: what a
+    promoted replica does, with the same data and a new replication id."""
+    await client.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+    await client.execute_command("REPLICAOF", "NO", "ONE")
+
+
+async def test_a_new_replication_id_starts_a_new_epoch_and_resumes_across_it_are_not_recovered(
+    redis_factory: RedisFactory, cluster: Callable[..., Any]
+) -> None:
+    """After a failover the promoted replica may lack the last publications: their
+    offsets must not be handed out again, nor a resume across it called recovered."""
+    redis = redis_factory()
+    node = await cluster(redis.url)
+    backend: RedisBackend = node.backend
+    old = [await backend.publish(pub(str(n))) for n in range(3)]
+    assert old[0] is not None
+    assert old[2] is not None
+    assert (await backend.history(APP, "chat", old[0])).recovered
+    client = Redis.from_url(redis.url)
+    try:
+        replid = (await client.info("replication"))["master_replid"]
+        await _promote(client)
+        assert (await client.info("replication"))["master_replid"] != replid
+        # Before the next publication: no resume across the promotion is recovered.
+        for since in (old[0], old[2]):
+            result = await backend.history(APP, "chat", since)
+            assert not result.recovered
+            assert result.position == old[2]
+        new = await backend.publish(pub("after"))
+        assert new is not None
+        assert new.epoch != old[0].epoch
+        assert new.offset == 1
+        assert not (await backend.history(APP, "chat", old[2])).recovered
+        after = await backend.history(APP, "chat", Position(0, new.epoch))
+        assert after.recovered
+        assert [p.data for p in after.publications] == ["after"]
+        position = await backend.position(APP, "other")
+        await _promote(client)
+        moved = await backend.position(APP, "other")
+        assert moved.epoch != position.epoch
+        assert moved.offset == 0
+    finally:
+        await client.aclose()
+
+
+async def test_a_channel_meta_written_before_replication_ids_adopts_the_current_one(
+    redis_server: RedisServer, cluster: Callable[..., Any]
+) -> None:
+    node = await cluster(redis_server.url)
+    backend: RedisBackend = node.backend
+    first = await backend.publish(pub("1"))
+    assert first is not None
+    client = Redis.from_url(redis_server.url)
+    meta = f"{backend.prefix}:{APP}:meta:chat"
+    try:
+        await client.hdel(meta, "r")  # as an older version wrote it
+        assert (await backend.history(APP, "chat", first)).recovered
+        second = await backend.publish(pub("2"))
+        assert second == Position(2, first.epoch)
+        assert await client.hget(meta, "r") is not None
+    finally:
+        await client.aclose()

@@ -148,36 +148,146 @@ async def test_held_publications_over_the_buffer_are_dropped_and_read_again() ->
 
 
 async def test_a_gap_is_filled_from_the_history_before_the_publication_that_revealed_it() -> None:
-    backend = ScriptedBackend(streams={CH: stream(1, 2, 3, 4)})
+    backend = ScriptedBackend(streams={CH: stream(1, 2, 3, 4, 5)})
+    backend.gate["history"] = asyncio.Event()
     hub = make_hub(backend)
     conn, raw = recording_connection("1.1")
     await hub.subscribe(conn, CH)
     hub.deliver(publication(CH, 1))
     hub.deliver(publication(CH, 4))  # 2 and 3 were missed
-    hub.deliver(publication(CH, 3))  # arrives while the gap is filled: held, then a copy
+    hub.deliver(publication(CH, 5))  # arrives while the gap is filled: held
+    backend.gate["history"].set()
     await hub.drain_fills()
-    hub.deliver(publication(CH, 5))
+    hub.deliver(publication(CH, 6))
     await tick()
-    assert raw.offsets() == [1, 2, 3, 4, 5]
+    assert raw.offsets() == [1, 2, 3, 4, 5, 6]
     assert ("history", CH, Position(1, "e1"), None) in backend.calls
 
 
-async def test_a_gap_the_history_no_longer_has_is_accepted_and_logged(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    backend = ScriptedBackend(streams={CH: stream(3, 4, 5)}, trimmed={CH: 2})
+async def test_live_copies_of_what_the_history_gave_are_dropped() -> None:
+    """The history read went further than pub/sub had come: the live ones still on
+    their way are copies."""
+    backend = ScriptedBackend(streams={CH: stream(1, 2, 3, 4, 5, 6)})
     hub = make_hub(backend)
     conn, raw = recording_connection("1.1")
     await hub.subscribe(conn, CH)
     hub.deliver(publication(CH, 1))
+    hub.deliver(publication(CH, 3))  # 2 was missed; the history has up to 6 already
+    await hub.drain_fills()
+    for n in (4, 5, 6, 7):
+        hub.deliver(publication(CH, n))
+    await tick()
+    assert raw.offsets() == [1, 2, 3, 4, 5, 6, 7]
+
+
+async def test_a_live_publication_at_an_offset_already_received_live_is_delivered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The store went back (it lost 4 and 5 and hands out their offsets again): the
+    new 4 and 5 are other publications, not copies."""
+    backend = ScriptedBackend()
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH)
+    with caplog.at_level(logging.WARNING, logger="broadcaster.hub"):
+        for n in (1, 2, 3, 4, 5, 4, 5, 6):
+            hub.deliver(publication(CH, n))
+    await tick()
+    assert raw.offsets() == [1, 2, 3, 4, 5, 4, 5, 6]
+    assert "hands out their offsets again" in caplog.text
+    assert not [call for call in backend.calls if call[0] == "history"]
+
+
+async def test_a_gap_the_history_no_longer_has_closes_the_subscribers_with_4100(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Not a silent gap: pusher-js reconnects after 4100 and resumes from its position
+    (told ``recovered: false``)."""
+    backend = ScriptedBackend(streams={CH: stream(3, 4, 5)}, trimmed={CH: 2})
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    other, other_raw = recording_connection("1.2")
+    await hub.subscribe(conn, CH)
+    await hub.subscribe(other, CH)
+    hub.deliver(publication(CH, 1))
     with caplog.at_level(logging.WARNING, logger="broadcaster.hub"):
         hub.deliver(publication(CH, 4))  # 2 and 3 missed, 2 no longer in the history
         await hub.drain_fills()
-    hub.deliver(publication(CH, 5))  # the stream goes on from 4
     await tick()
-    assert raw.offsets() == [1, 4, 5]
-    assert "no longer has" in caplog.text
+    assert raw.offsets() == [1]
+    assert raw.closed_with == other_raw.closed_with == 4100
+    assert "missing from the history" in caplog.text
     assert len([call for call in backend.calls if call[0] == "history"]) == 1
+
+
+async def test_a_failed_gap_fill_is_read_again_until_the_backend_answers() -> None:
+    """A history read failing mid-failover is not an accepted gap."""
+    backend = ScriptedBackend(streams={CH: stream(1, 2, 3, 4)}, failures={"history": 2})
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH)
+    hub.deliver(publication(CH, 1))
+    hub.deliver(publication(CH, 4))
+    await hub.drain_fills()
+    hub.deliver(publication(CH, 5))
+    await tick()
+    assert raw.offsets() == [1, 2, 3, 4, 5]
+    assert raw.closed_with is None
+    assert len([call for call in backend.calls if call[0] == "history"]) == 3
+
+
+async def test_a_gap_fill_gives_up_after_its_attempts_and_closes_the_subscribers() -> None:
+    backend = ScriptedBackend(streams={CH: stream(1, 2, 3, 4)}, fail={"history"})
+    hub = make_hub(backend, fill_attempts=2)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH)
+    hub.deliver(publication(CH, 1))
+    hub.check_gaps()  # the backend reconnected, its history reads still fail
+    await hub.drain_fills()
+    await tick()
+    assert raw.offsets() == [1]
+    assert raw.closed_with == 4100
+    assert len([call for call in backend.calls if call[0] == "history"]) == 2
+
+
+async def test_live_publications_held_during_a_fill_are_bounded_and_read_again() -> None:
+    """Held ones beyond max_buffer_bytes are dropped and read from the history: each
+    publication is delivered once, in order."""
+    backend = ScriptedBackend(streams={CH: stream(1, 2, 3)})
+    backend.gate["history"] = asyncio.Event()
+    hub = make_hub(backend, max_buffer_bytes=1000)
+    conn, raw = recording_connection("1.1", Delivery(1 << 20))
+    await hub.subscribe(conn, CH)
+    hub.deliver(publication(CH, 1))
+    hub.deliver(publication(CH, 3))  # 2 missed: a fill, held until the gate opens
+    for n in range(4, 40):  # far more than 1000 bytes held
+        backend.append(CH, publication(CH, n))
+        hub.deliver(publication(CH, n))
+    backend.gate["history"].set()
+    await hub.drain_fills()
+    hub.deliver(publication(CH, 40))
+    await tick()
+    assert raw.offsets() == list(range(1, 41))
+    assert raw.closed_with is None
+
+
+async def test_a_store_that_went_back_in_a_failover_is_no_gap_and_its_new_epoch_starts() -> None:
+    """The promoted replica lacks 4 and 5, which this node delivered live: nothing is
+    missing here; the next publication starts a new epoch (the scripts see another
+    replication id) and is delivered as a start."""
+    backend = ScriptedBackend(streams={CH: stream(1, 2, 3)})
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH)
+    for n in (1, 2, 3, 4, 5):
+        hub.deliver(publication(CH, n))
+    hub.check_gaps()  # reconnected to the promoted replica
+    await hub.drain_fills()
+    hub.deliver(publication(CH, 1, epoch="e2"))
+    hub.deliver(publication(CH, 2, epoch="e2"))
+    await tick()
+    assert raw.offsets() == [1, 2, 3, 4, 5, 1, 2]
+    assert raw.closed_with is None
 
 
 async def test_the_start_of_a_new_epoch_is_filled() -> None:

@@ -16,7 +16,9 @@ What a trial checks (``Trial.silent_gaps`` lists every violation):
   never ``recovered: true`` with a publication missing.
 
 It also counts what asynchronous replication lost: accepted publications from before
-the kill that the promoted replica's history does not hold. With ``cut=True`` the
+the kill that the promoted replica's history does not hold (read on the replica right
+after the kill, before its promotion: the first publication after it starts a new
+epoch and drops that history). With ``cut=True`` the
 victim's replica is frozen (SIGSTOP) and its replication link cut (``CLIENT KILL TYPE
 replica``) 0.3 s before the kill, and thawed right after it, so that it misses what was
 accepted meanwhile: a replication lag made to happen, not waited for.
@@ -36,11 +38,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from redis.asyncio import Redis
 from redis.crc import key_slot
 
 from broadcaster.backends.redis import decode_publication
-from broadcaster.backends.redis_cluster import channel_key, cluster_client
-from broadcaster.backends.redis_sentinel import sentinel_client
+from broadcaster.backends.redis_cluster import channel_key
 from tests.reliability.helpers import (
     WS_PATH,
     Publisher,
@@ -67,7 +69,7 @@ class Faults(Protocol):
 
     def victim(self, channel: str) -> ConfiguredRedis: ...
     def replica_of(self, primary: ConfiguredRedis) -> ConfiguredRedis: ...
-    async def history(self, channel: str) -> list[int]: ...
+    async def history_on(self, replica: ConfiguredRedis, channel: str) -> list[int]: ...
     def heal(self, victim: ConfiguredRedis) -> None: ...
 
 
@@ -91,13 +93,10 @@ class ClusterFaults:
                 return node
         raise LookupError(f"no replica of {primary.port}")
 
-    async def history(self, channel: str) -> list[int]:
-        client = cluster_client(self.url)
-        try:
-            entries = await client.xrange(channel_key(PREFIX, APP_ID, channel, "stream"))
-        finally:
-            await client.aclose()
-        return _seqs(entries)
+    async def history_on(self, replica: ConfiguredRedis, channel: str) -> list[int]:
+        """The channel's history as ``replica`` holds it (a cluster replica answers
+        reads after ``READONLY``)."""
+        return await _history_on(replica, channel_key(PREFIX, APP_ID, channel, "stream"), True)
 
     def heal(self, victim: ConfiguredRedis) -> None:
         """Restart the killed node: it rejoins as the replica of the promoted one (until
@@ -128,13 +127,9 @@ class SentinelFaults:
         nodes = (self.topology.primary, self.topology.replica)
         return next(n for n in nodes if n is not None and n is not primary)
 
-    async def history(self, channel: str) -> list[int]:
-        client = sentinel_client(self.url)
-        try:
-            entries = await client.xrange(f"{PREFIX}:{APP_ID}:stream:{channel}")
-        finally:
-            await client.aclose()
-        return _seqs(entries)
+    async def history_on(self, replica: ConfiguredRedis, channel: str) -> list[int]:
+        """The channel's history as ``replica`` holds it."""
+        return await _history_on(replica, f"{PREFIX}:{APP_ID}:stream:{channel}", False)
 
     def heal(self, victim: ConfiguredRedis) -> None:
         """Restart the killed node (empty); Sentinel makes it a replica of the promoted
@@ -153,6 +148,21 @@ class SentinelFaults:
             return True
 
         _wait(healed, 60, "the killed primary to come back as a replica")
+
+
+async def _history_on(replica: ConfiguredRedis, key: str, readonly: bool) -> list[int]:
+    """Read a stream on ``replica`` itself; it must still be a replica (not promoted:
+    then its history would no longer be the one it had at the kill)."""
+    client = Redis(port=replica.port)
+    try:
+        if readonly:
+            await client.execute_command("READONLY")  # type: ignore[no-untyped-call]
+        entries: list[Any] = await client.xrange(key)  # type: ignore[assignment]
+        role = (await client.info("replication"))["role"]
+    finally:
+        await client.aclose()
+    assert role == "slave", f"the replica on port {replica.port} was promoted before it was read"
+    return _seqs(entries)
 
 
 def _seqs(entries: list[Any]) -> list[int]:
@@ -207,6 +217,7 @@ async def failover_trial(
         if cut:
             assert replica.proc is not None
             replica.proc.send_signal(signal.SIGCONT)
+        kept = set(await faults.history_on(replica, channel))
         for node in nodes:
             await becomes(node, 503, within=20)
         for node in nodes:
@@ -252,7 +263,6 @@ async def failover_trial(
     elif not tail or tail != accepted[accepted.index(tail[0]) :]:
         gaps.append(f"after recovered: false the resumed client did not read on: {tail[:5]}")
 
-    kept = set(await faults.history(channel))
     before = accepted[: trial.accepted_before_kill]
     trial.lost_by_replication = sum(1 for seq in before if seq not in kept)
 

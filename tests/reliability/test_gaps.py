@@ -91,22 +91,29 @@ async def test_the_start_of_a_new_epoch_is_filled_when_redis_lost_the_history(
     await redis.aclose()
 
 
-async def test_a_gap_the_history_no_longer_holds_is_accepted_and_delivery_goes_on(
+async def test_a_gap_the_history_no_longer_holds_makes_the_client_resume_unrecovered(
     start_server: StartServer, clients: Connect, redis_server: RedisServer
 ) -> None:
+    """Not a silent gap: the client is closed with 4100 (pusher-js reconnects), and
+    its resume from its position is answered ``recovered: false``."""
     prefix = f"gap-{secrets.token_hex(4)}"
     live = await start_server(backend=redis_server.url, redis_prefix=prefix, history_size=2)
     client = await clients(live.app_url())
     await client.subscribe(CHANNEL)
     redis = Redis.from_url(redis_server.url)
     await put(redis, prefix, 1)
-    assert await received(client, 1) == [1]
+    position = (await client.expect("n"))["position"]
     await live.node.backend.unsubscribe(APP_ID, CHANNEL)
     for n in range(2, 7):  # more than the history keeps
         await put(redis, prefix, n)
     await live.node.backend.subscribe(APP_ID, CHANNEL)
     await put(redis, prefix, 7)
-    await put(redis, prefix, 8)
-    assert await received(client, 2) == [7, 8]
+    assert await client.closed_with() == 4100
     await live.node.hub.drain_fills()
+    again = await clients(live.app_url())
+    await again.subscribe(CHANNEL, position=position)
+    answer = await again.expect("broadcaster:resume")
+    assert answer["data"]["recovered"] is False
+    await put(redis, prefix, 8)
+    assert await received(again, 1) == [8]
     await redis.aclose()

@@ -7,10 +7,17 @@ publication a publisher was told was accepted (HTTP 200) reaches every live clie
 client resuming across the failover is told ``recovered: false``: never a silent gap
 (see tests/reliability/failover.py for the accounting; ``scripts/failover-trials``
 repeats it for the figures in docs/reliability.md).
+
+The ``cut`` variant makes replication lag for real (the replica frozen and its link cut
+before the kill): the promoted replica lacks acknowledged publications. The live
+clients still get every one (the old primary delivered them before it died, and the
+channel starts a new epoch instead of handing out their offsets again), and a resume
+from before them is answered ``recovered: false``.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import asdict
 
@@ -33,14 +40,21 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(120)]
 @pytest.fixture(params=["cluster", "sentinel"])
 def faults(request: pytest.FixtureRequest) -> Iterator[Faults]:
     """A topology of the test's own (it loses a primary)."""
-    if request.param == "cluster":
-        cluster = ClusterTopology().start()
-        yield ClusterFaults(cluster)
-        cluster.stop()
-    else:
-        sentinel = SentinelTopology().start()
-        yield SentinelFaults(sentinel)
-        sentinel.stop()
+    with _topology(request.param) as faults:
+        yield faults
+
+
+@contextlib.contextmanager
+def _topology(name: str) -> Iterator[Faults]:
+    topology = ClusterTopology() if name == "cluster" else SentinelTopology()
+    topology.start()
+    try:
+        if isinstance(topology, ClusterTopology):
+            yield ClusterFaults(topology)
+        else:
+            yield SentinelFaults(topology)
+    finally:
+        topology.stop()
 
 
 async def test_no_silent_gap_when_the_primary_is_killed(
@@ -60,3 +74,21 @@ async def test_no_silent_gap_when_the_primary_is_killed(
     # A resume across the failover may be recovered only when nothing was lost.
     assert not (trial.lost_by_replication and trial.resumed_recovered)
     report(f"redis_failover_{name}", **asdict(trial))
+
+
+@pytest.mark.parametrize("topology", ["cluster", "sentinel"])
+async def test_publications_lost_by_replication_are_no_silent_gap(
+    topology: str, server_factory: ServerFactory
+) -> None:
+    with _topology(topology) as faults:
+        nodes = [server_factory("--backend", faults.url, *SERVE_ARGS) for _ in range(2)]
+        for node in nodes:
+            node.wait_ready()
+
+        trial = await failover_trial(faults, nodes, "agent.failover-cut", topology, cut=True)
+
+        assert trial.silent_gaps == []
+        assert trial.live_clients == 4
+        assert trial.lost_by_replication > 0  # the cut made replication lag
+        assert trial.resumed_recovered is False
+        report(f"redis_failover_{topology}_cut", **asdict(trial))

@@ -29,6 +29,7 @@ class ScriptedBackend:
     ``streams`` holds each channel's history (oldest first, one epoch); ``trimmed``
     the offset below which it was trimmed away. ``gate`` makes the named operation
     (``"subscribe"``, ``"unsubscribe"``, ``"history"``) wait until the test sets it;
+    ``fail`` makes it raise :class:`BackendUnavailable`, ``failures`` that many times;
     ``calls`` records every call in order.
     """
 
@@ -36,6 +37,7 @@ class ScriptedBackend:
     trimmed: dict[str, int] = field(default_factory=dict)
     gate: dict[str, asyncio.Event] = field(default_factory=dict)
     fail: set[str] = field(default_factory=set)
+    failures: dict[str, int] = field(default_factory=dict)
     calls: list[tuple[Any, ...]] = field(default_factory=list)
 
     def append(self, channel: str, *publications: Publication) -> None:
@@ -47,6 +49,9 @@ class ScriptedBackend:
             await gate.wait()
         if name in self.fail:
             raise BackendUnavailable(f"{name} failed (scripted)")
+        if self.failures.get(name, 0) > 0:
+            self.failures[name] -= 1
+            raise BackendUnavailable(f"{name} failed (scripted, {self.failures[name]} more)")
 
     async def subscribe(self, app_id: str, channel: str) -> None:
         self.calls.append(("subscribe", channel))
