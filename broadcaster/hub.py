@@ -526,7 +526,10 @@ class Hub:
         attempt = 1
         while True:
             try:
-                async with asyncio.timeout(self._read_timeout):
+                # The resumes' slots (``max_history_reads``): after a reconnect every
+                # channel fills at once, and they wait their turn rather than all read
+                # together. Waiting for a slot is not a failed read.
+                async with self._reads, asyncio.timeout(self._read_timeout):
                     return await self._backend.history(*key, since)
             except (BackendUnavailable, TimeoutError) as exc:
                 if attempt >= self._fill_attempts or loop.time() + pause > deadline:

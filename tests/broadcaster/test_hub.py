@@ -317,6 +317,30 @@ async def test_check_gaps_fills_what_was_missed_at_the_end_of_a_stream() -> None
     assert raw.offsets() == [1, 2, 3]
 
 
+async def test_gap_fills_after_a_reconnect_read_at_most_max_history_reads_at_once() -> None:
+    channels = [f"agent.c{i}" for i in range(40)]
+    backend = ScriptedBackend(
+        streams={ch: [publication(ch, 1), publication(ch, 2)] for ch in channels}
+    )
+    gate = backend.gate["history"] = asyncio.Event()
+    hub = make_hub(backend, max_history_reads=3)
+    conns = []
+    for i, ch in enumerate(channels):
+        conn, raw = recording_connection(f"1.{i}")
+        await hub.subscribe(conn, ch)
+        hub.deliver(publication(ch, 1))
+        conns.append(raw)
+    hub.check_gaps()  # the backend reconnected: every channel reads what it missed
+    await tick()
+    reading = [c for c in backend.calls if c[0] == "history"]
+    assert len(reading) == 3  # the others wait for a slot
+    gate.set()
+    await hub.drain_fills()
+    await tick()
+    assert all(raw.offsets() == [1, 2] for raw in conns)
+    assert len([c for c in backend.calls if c[0] == "history"]) == 40
+
+
 async def test_leaving_then_rejoining_during_the_backend_unsubscribe_ends_subscribed() -> None:
     """A quick leave-and-rejoin waits for the backend's unsubscribe before subscribing
     again, so the backend cannot end up unsubscribed while a client is there."""
