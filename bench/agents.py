@@ -131,36 +131,40 @@ class Counting:
         await self.inner.aclose()
 
 
-class PlainPublisher(BufferedPublisher):
+class _PublishPublisher(BufferedPublisher):
+    """A plain ``PUBLISH`` per envelope, what waited during a round trip in one pipeline
+    (as :class:`RedisPublisher` batches); subclasses say what is published where."""
+
+    def __init__(self, client: Redis) -> None:
+        super().__init__(max_batch=100)
+        self._client = client
+
+    def _message(self, item: Outgoing) -> tuple[str, bytes]:
+        raise NotImplementedError
+
+    async def _send(self, batch: list[Outgoing]) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        for item in batch:
+            pipe.publish(*self._message(item))
+        await pipe.execute()
+
+
+class PlainPublisher(_PublishPublisher):
     """``PUBLISH bench:<channel> <Pusher frame>``: what the plain-websockets reference
     forwards unchanged."""
 
-    def __init__(self, client: Redis) -> None:
-        super().__init__(max_batch=100)
-        self._client = client
-
-    async def _send(self, batch: list[Outgoing]) -> None:
-        pipe = self._client.pipeline(transaction=False)
-        for item in batch:
-            frame = orjson.dumps({"event": item.event, "channel": item.channel, "data": item.data})
-            pipe.publish(f"bench:{item.channel}", frame)
-        await pipe.execute()
+    def _message(self, item: Outgoing) -> tuple[str, bytes]:
+        frame = orjson.dumps({"event": item.event, "channel": item.channel, "data": item.data})
+        return f"bench:{item.channel}", frame
 
 
-class SocketIOPublisher(BufferedPublisher):
+class SocketIOPublisher(_PublishPublisher):
     """What ``@socket.io/redis-emitter`` publishes for ``emitter.to(channel).emit(event,
     data)``, so that the socket.io reference's redis adapter delivers it to the room."""
 
-    def __init__(self, client: Redis) -> None:
-        super().__init__(max_batch=100)
-        self._client = client
-
-    async def _send(self, batch: list[Outgoing]) -> None:
-        pipe = self._client.pipeline(transaction=False)
-        for item in batch:
-            packet = emitter_packet(item.channel, item.event, item.data)
-            pipe.publish(f"socket.io#/#{item.channel}#", packet)
-        await pipe.execute()
+    def _message(self, item: Outgoing) -> tuple[str, bytes]:
+        packet = emitter_packet(item.channel, item.event, item.data)
+        return f"socket.io#/#{item.channel}#", packet
 
 
 def emitter_packet(room: str, event: str, data: str) -> bytes:
