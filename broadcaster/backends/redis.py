@@ -47,7 +47,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, cast
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import hiredis
 import orjson
@@ -309,6 +309,30 @@ def safe_url(url: str) -> str:
     except ValueError:
         return "<invalid redis url>"
     return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
+def parse_hosts(
+    netloc: str, noun: str
+) -> tuple[str | None, str | None, tuple[tuple[str, int], ...]]:
+    """``[user:password@]host:port,host:port`` of a multi-host URL (Sentinels, cluster
+    seeds): the unquoted username and password, and the addresses.
+
+    Raises:
+        ValueError: an address that is not ``host:port`` (``noun`` names them).
+    """
+    userinfo, at, hosts = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon else None
+    addresses = []
+    for address in hosts.split(","):
+        host, colon, port = address.rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{noun} must be host:port, got {address[:60]!r}")
+        addresses.append((host.strip("[]"), int(port)))
+    return username, password, tuple(addresses)
 
 
 # -- the pub/sub reader -----------------------------------------------------------------
@@ -1314,10 +1338,20 @@ class RedisBackend:
         try:
             await waiter
         finally:
-            if waiter in waiters:
-                waiters.remove(waiter)
-            if not waiters and self._waiters.get((kind, name)) is waiters:
-                del self._waiters[(kind, name)]  # one entry per channel ever used adds up
+            self._forget_waiter((kind, name), waiters, waiter)
+
+    def _forget_waiter(
+        self,
+        key: tuple[bytes, bytes],
+        waiters: deque[asyncio.Future[None]],
+        waiter: asyncio.Future[None],
+    ) -> None:
+        """Drop a (un)subscribe's waiter, and the channel's entry once it has none (one
+        entry per channel ever used would add up)."""
+        if waiter in waiters:
+            waiters.remove(waiter)
+        if not waiters and self._waiters.get(key) is waiters:
+            del self._waiters[key]
 
     def _send_pubsub_outbox(self) -> None:
         # Commands whose waiter is done were cancelled, or overtaken by a lost

@@ -46,7 +46,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, ClassVar
-from urllib.parse import unquote
 
 import orjson
 from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -72,6 +71,7 @@ from broadcaster.backends.redis import (
     _Outgoing,
     _position,
     encode_publication,
+    parse_hosts,
     take_over,
 )
 from broadcaster.publication import Position, Publication
@@ -180,19 +180,8 @@ def parse_cluster_url(url: str) -> ClusterURL:
     path = path.split("?", 1)[0]
     if path not in ("", "0"):
         raise ValueError(f"Redis Cluster has only database 0, got path {path!r}")
-    userinfo, at, hosts = netloc.rpartition("@")
-    username = password = None
-    if at:
-        user, colon, secret = userinfo.partition(":")
-        username = unquote(user) or None
-        password = unquote(secret) if colon else None
-    seeds = []
-    for seed in hosts.split(","):
-        host, colon, port = seed.rpartition(":")
-        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"seed nodes must be host:port, got {seed[:60]!r}")
-        seeds.append((host.strip("[]"), int(port)))
-    return ClusterURL(tuple(seeds), username, password, scheme == "rediss-cluster")
+    username, password, seeds = parse_hosts(netloc, "seed nodes")
+    return ClusterURL(seeds, username, password, scheme == "rediss-cluster")
 
 
 def cluster_client(url: str, *, timeout: float = 2.0, connect_timeout: float = 2.0) -> RedisCluster:
@@ -403,10 +392,7 @@ class RedisClusterBackend(RedisBackend):
             log.debug("%r %r not confirmed (%s); restored by the resync", kind, name, exc)
             self._trouble.set()
         finally:
-            if waiter in waiters:
-                waiters.remove(waiter)
-            if not waiters and self._waiters.get((kind, name)) is waiters:
-                del self._waiters[(kind, name)]
+            self._forget_waiter((kind, name), waiters, waiter)
 
     def _send_shard_outbox(self) -> None:
         # A waiter already done was cancelled, or released by a lost connection.
@@ -639,16 +625,6 @@ class RedisClusterBackend(RedisBackend):
         if not self._responsive:  # perhaps a failover: ask the cluster who serves now
             with contextlib.suppress(*_ERRORS, RedisClusterException):
                 await self._prober.nodes_manager.initialize()  # type: ignore[attr-defined]
-
-    async def _lost(self, exc: BaseException) -> None:
-        self._ready = False
-        log.warning("lost Redis Cluster %s (%s); reconnecting", self.url, exc)
-        await self._drop_pubsub()
-        for waiters in self._waiters.values():
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
-        self._waiters.clear()
 
     async def _drop_pubsub(self) -> None:
         for shard in list(self._shards.values()):

@@ -25,7 +25,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
-from broadcaster.backends.redis import _ERRORS, _MAX_CONNECTIONS, RedisBackend
+from broadcaster.backends.redis import _ERRORS, _MAX_CONNECTIONS, RedisBackend, parse_hosts
 
 __all__ = ["RedisSentinelBackend", "SentinelURL", "parse_sentinel_url", "sentinel_client"]
 
@@ -60,20 +60,9 @@ def parse_sentinel_url(url: str) -> SentinelURL:
     db = parts[1] if len(parts) == 2 else "0"
     if not db.isdigit():
         raise ValueError(f"the database must be a number, got {db[:20]!r}")
-    userinfo, at, hosts = netloc.rpartition("@")
-    username = password = None
-    if at:
-        user, colon, secret = userinfo.partition(":")
-        username = unquote(user) or None
-        password = unquote(secret) if colon else None
-    sentinels = []
-    for address in hosts.split(","):
-        host, colon, port = address.rpartition(":")
-        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"Sentinels must be host:port, got {address[:60]!r}")
-        sentinels.append((host.strip("[]"), int(port)))
+    username, password, sentinels = parse_hosts(netloc, "Sentinels")
     tls = scheme == "rediss-sentinel"
-    return SentinelURL(tuple(sentinels), unquote(parts[0]), int(db), username, password, tls)
+    return SentinelURL(sentinels, unquote(parts[0]), int(db), username, password, tls)
 
 
 def sentinel_client(
