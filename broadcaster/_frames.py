@@ -24,6 +24,9 @@ def close_reason(text: str) -> str:
 
 
 _FIN_TEXT = 0x81
+# Compiled once: struct.pack with a format string looks the format up on every call.
+_HEADER_16 = struct.Struct("!BBH").pack
+_HEADER_64 = struct.Struct("!BBQ").pack
 
 
 def text_frame(payload: bytes) -> bytes:
@@ -32,9 +35,9 @@ def text_frame(payload: bytes) -> bytes:
     if size < 126:
         header = bytes((_FIN_TEXT, size))
     elif size < 1 << 16:
-        header = struct.pack("!BBH", _FIN_TEXT, 126, size)
+        header = _HEADER_16(_FIN_TEXT, 126, size)
     else:
-        header = struct.pack("!BBQ", _FIN_TEXT, 127, size)
+        header = _HEADER_64(_FIN_TEXT, 127, size)
     return header + payload
 
 

@@ -315,6 +315,52 @@ class Hub:
         if entry is not None:
             self._take(key, entry, publication, None)
 
+    def deliver_encoded(
+        self,
+        app_id: str,
+        channel: str,
+        position: Position | None,
+        exclude_socket_id: str | None,
+        frame: bytes,
+    ) -> None:
+        """:meth:`deliver` for a publication that arrived encoded (the backend's
+        ``on_encoded``): in the usual case (the next position, nobody resuming) its
+        frame goes to every subscriber as it came, without decoding it."""
+        key = (app_id, channel)
+        entry = self._channels.get(key)
+        if entry is None:
+            return
+        if position is not None:
+            last = entry.last
+            if entry.filling is not None or (
+                last is not None
+                and (position.offset != last.offset + 1 or position.epoch != last.epoch)
+            ):  # a copy, a gap, a new epoch or a gap being filled: the full path
+                publication = protocol.channel_event_publication(
+                    app_id, position, exclude_socket_id, frame
+                )
+                self._take(key, entry, publication, None)
+                return
+            entry.last = entry.live = position
+        subscribers = entry.subscribers
+        if any(subscribers.values()):  # a resuming subscriber: the full path
+            publication = protocol.channel_event_publication(
+                app_id, position, exclude_socket_id, frame
+            )
+            self._fan_out(entry, publication, Outgoing(frame))
+            return
+        started = time.perf_counter()
+        message = Outgoing(frame)
+        sent = 0
+        for conn in subscribers:
+            if conn.socket_id != exclude_socket_id:
+                conn.send(message)
+                sent += 1
+        metrics = self._metrics
+        metrics.publications += 1
+        metrics.messages_out += sent
+        self._observe_after_flush(started)
+
     def _take(
         self, key: _Key, entry: _Channel, publication: Publication, filled: Position | None
     ) -> None:
@@ -368,9 +414,12 @@ class Hub:
             if isinstance(state, _Seam):  # its seam is meaningless now: take every one
                 entry.subscribers[conn] = None
 
-    def _fan_out(self, entry: _Channel, publication: Publication) -> None:
+    def _fan_out(
+        self, entry: _Channel, publication: Publication, message: Outgoing | None = None
+    ) -> None:
         started = time.perf_counter()
-        message = encode(publication)
+        if message is None:
+            message = encode(publication)
         exclude = publication.exclude_socket_id
         sent = 0
         for conn, recovery in entry.subscribers.items():

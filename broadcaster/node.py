@@ -92,7 +92,7 @@ class Node:
     async def start(self) -> None:
         """Connect the backend and start delivering."""
         self._loop = asyncio.get_running_loop()
-        await self.backend.start(self.hub.deliver, self._on_control)
+        await self.backend.start(self.hub.deliver, self._on_control, self.hub.deliver_encoded)
         self._schedule_sweep()
         self._reconnects = self._backend_reconnects()
         self._watch_backend()

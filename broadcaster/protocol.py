@@ -43,7 +43,7 @@ from broadcaster.channels import (
 )
 from broadcaster.codes import ErrorCode
 from broadcaster.exceptions import ProtocolError
-from broadcaster.publication import Position, PresenceMember
+from broadcaster.publication import Position, PresenceMember, Publication
 from broadcaster.settings import AppConfig
 from broadcaster.signing import (
     channel_string_to_sign,
@@ -832,6 +832,26 @@ def channel_event(
     if position is not None:
         frame["position"] = str(position)
     return orjson.dumps(frame)
+
+
+def channel_event_publication(
+    app_id: str, position: Position | None, exclude_socket_id: str | None, frame: bytes
+) -> Publication:
+    """The publication that :func:`channel_event` encoded as ``frame``.
+
+    Raises:
+        ValueError: ``frame`` is not a channel event.
+    """
+    try:
+        v = orjson.loads(frame)
+        event, channel, data, user_id = v["event"], v["channel"], v["data"], v.get("user_id")
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        raise ValueError(f"not a channel event: {frame[:80]!r}") from None
+    if not all(isinstance(x, str) for x in (event, channel, data)) or not isinstance(
+        user_id, str | None
+    ):
+        raise ValueError(f"not a channel event: {frame[:80]!r}")
+    return Publication(app_id, channel, event, data, exclude_socket_id, user_id, position)
 
 
 def resume_result(

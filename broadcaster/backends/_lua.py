@@ -89,14 +89,15 @@ end
 
 PUBLISH = Script(
     """
--- KEYS: meta, stream. ARGV: pubsub channel, payload without its closing bracket,
--- history size, history ttl ms, meta ttl ms, new epoch.
+-- KEYS: meta, stream. ARGV: pubsub channel, the payload before its position, history
+-- size, history ttl ms, meta ttl ms, new epoch, the payload between the position in the
+-- header and the one in the frame (see broadcaster.backends.redis.script_payload).
 """
     + _EPOCH.replace("NEW_EPOCH", "ARGV[6]").replace("META_TTL", "ARGV[5]")
     + """
 local offset = redis.call('HINCRBY', KEYS[1], 'o', 1)
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
-local payload = ARGV[2] .. ',' .. offset .. ',"' .. epoch .. '"]'
+local payload = ARGV[2] .. offset .. ' ' .. epoch .. ARGV[7] .. epoch .. ':' .. offset .. '"}'
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], offset .. '-0', 'p', payload)
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
 redis.call('PUBLISH', ARGV[1], payload)

@@ -30,6 +30,7 @@ __all__ = [
     "Connections",
     "Control",
     "ControlHandler",
+    "EncodedHandler",
     "HistoryResult",
     "Presence",
     "PresenceFull",
@@ -54,6 +55,10 @@ DEFAULT_HISTORY_META_TTL = 86_400.0
 PublicationHandler = Callable[[Publication], None]
 ControlHandler = Callable[[str, Mapping[str, Any]], None]
 """Called with ``(app_id, message)`` for control messages sent by any node."""
+EncodedHandler = Callable[[str, str, Position | None, str | None, bytes], None]
+"""Called with ``(app_id, channel, position, exclude_socket_id, frame)`` for a
+publication that arrived already encoded: ``frame`` is its channel event exactly as
+:func:`broadcaster.protocol.channel_event` writes it."""
 
 
 def new_epoch() -> str:
@@ -126,9 +131,17 @@ class Broker(Protocol):
         cannot lose its connection). The node fills every channel's gap after a change."""
         ...
 
-    async def start(self, on_publication: PublicationHandler, on_control: ControlHandler) -> None:
+    async def start(
+        self,
+        on_publication: PublicationHandler,
+        on_control: ControlHandler,
+        on_encoded: EncodedHandler | None = None,
+    ) -> None:
         """Connect and start delivering. Raises BackendUnavailable only if the first
-        connection fails and the backend cannot retry in the background."""
+        connection fails and the backend cannot retry in the background.
+
+        A backend whose publications arrive encoded hands them to ``on_encoded`` when
+        given (no decoding), else decodes them for ``on_publication``."""
         ...
 
     async def stop(self) -> None:

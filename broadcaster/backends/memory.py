@@ -28,6 +28,7 @@ from broadcaster.backends.base import (
     DEFAULT_HISTORY_TTL,
     BackendUnavailable,
     ControlHandler,
+    EncodedHandler,
     HistoryResult,
     PresenceFull,
     PresenceMember,
@@ -120,8 +121,14 @@ class MemoryBackend:
     def ready(self) -> bool:
         return self._ready
 
-    async def start(self, on_publication: PublicationHandler, on_control: ControlHandler) -> None:
-        """Start delivering to the handlers; never fails."""
+    async def start(
+        self,
+        on_publication: PublicationHandler,
+        on_control: ControlHandler,
+        on_encoded: EncodedHandler | None = None,
+    ) -> None:
+        """Start delivering to the handlers (publications stay objects here: never to
+        ``on_encoded``); never fails."""
         self._on_publication = on_publication
         self._on_control = on_control
         if self._sweeper is None:

@@ -21,8 +21,15 @@ Redis must use different prefixes.
 
 One publication is one Lua script (:data:`broadcaster.backends._lua.PUBLISH`): epoch,
 offset, stream entry and ``PUBLISH`` happen together, so the delivered position and the
-stored one cannot disagree and delivery order is offset order. The payload is the
-compact JSON array made by :func:`encode_publication`; agent processes that publish
+stored one cannot disagree and delivery order is offset order. The payload
+(:func:`encode_publication`) is a one-line header and the channel event exactly as
+clients receive it, so a node routes and orders it from the header and sends the frame
+without decoding or encoding JSON::
+
+    2 <app_id> <channel> <offset> <epoch> <exclude_socket_id>\n{"event":…,"position":"…"}
+
+(``-`` for a missing offset, epoch or socket id). Payloads of format 1 (a JSON array)
+written by earlier versions stay readable in histories. Agent processes that publish
 straight to Redis use :func:`publish_via_redis`, with the same script and arguments as
 the backend. The backend sends its publications in batches on a connection of their own
 (:meth:`RedisBackend.publish`).
@@ -68,6 +75,7 @@ from broadcaster.backends.base import (
     DEFAULT_REDIS_PREFIX,
     BackendUnavailable,
     ControlHandler,
+    EncodedHandler,
     HistoryResult,
     PresenceFull,
     PresenceMember,
@@ -75,6 +83,7 @@ from broadcaster.backends.base import (
     check_history_options,
     new_epoch,
 )
+from broadcaster.protocol import channel_event_publication
 from broadcaster.publication import Position, Publication
 
 if TYPE_CHECKING:
@@ -88,12 +97,13 @@ __all__ = [
     "encode_publication",
     "publish_many_via_redis",
     "publish_via_redis",
+    "split_payload",
     "store_value_via_redis",
     "value_key",
 ]
 
 DEFAULT_PREFIX = DEFAULT_REDIS_PREFIX
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 log = logging.getLogger(__name__)
 
@@ -121,30 +131,97 @@ _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
 def encode_publication(publication: Publication) -> bytes:
-    """The publication as published to Redis, without its position:
-    ``[1, app_id, channel, event, data, exclude_socket_id, user_id]``. The publish
-    script appends ``offset, epoch`` before the closing bracket."""
-    p = publication
-    return orjson.dumps(
-        [FORMAT_VERSION, p.app_id, p.channel, p.event, p.data, p.exclude_socket_id, p.user_id]
-    )
+    """The publication as published to Redis without a position (see the module doc):
+    ``2 <app_id> <channel> - - <exclude_socket_id or ->`` and a newline, then the channel
+    event exactly as clients receive it (:func:`broadcaster.protocol.channel_event`).
+
+    Raises:
+        ValueError: the app id, channel or socket id is empty or holds a space or a
+            line break (a node could not route such a publication).
+    """
+    route, exclude = _routing(publication)
+    return route + b" - - " + exclude + b"\n" + _frame_head(publication) + b"}"
 
 
-def decode_publication(payload: bytes | str) -> Publication:
-    """Decode a payload made by :func:`encode_publication` (and the publish script).
+def script_payload(publication: Publication) -> tuple[bytes, bytes]:
+    """The publish script's two payload parts (``ARGV[2]`` and ``ARGV[7]``): it
+    publishes ``ARGV[2] .. offset .. ' ' .. epoch .. ARGV[7] .. epoch .. ':' .. offset
+    .. '"}'``, the position in both the header and the frame.
+
+    Raises:
+        ValueError: as :func:`encode_publication`.
+    """
+    route, exclude = _routing(publication)
+    return route + b" ", b" " + exclude + b"\n" + _frame_head(publication) + b',"position":"'
+
+
+def _routing(p: Publication) -> tuple[bytes, bytes]:
+    """``2 <app_id> <channel>`` and the excluded socket id (``-`` for none)."""
+    exclude = p.exclude_socket_id
+    for name, value in (("app id", p.app_id), ("channel", p.channel), ("socket id", exclude)):
+        if value is not None and (not value or " " in value or "\n" in value):
+            raise ValueError(f"cannot publish with the {name} {value!r}: empty or with a space")
+    route = b"%d %b %b" % (FORMAT_VERSION, p.app_id.encode(), p.channel.encode())
+    return route, b"-" if exclude is None else exclude.encode()
+
+
+def _frame_head(p: Publication) -> bytes:
+    """The channel event without its position, as :func:`broadcaster.protocol.
+    channel_event` writes it (same keys, same order)."""
+    frame: dict[str, str] = {"event": p.event, "channel": p.channel, "data": p.data}
+    if p.user_id is not None:
+        frame["user_id"] = p.user_id
+    return orjson.dumps(frame)[:-1]
+
+
+def split_payload(payload: bytes) -> tuple[str, str, Position | None, str | None, bytes]:
+    """``(app_id, channel, position, exclude_socket_id, frame)`` of a payload made by
+    :func:`encode_publication` or the publish script, without decoding the frame.
 
     Raises:
         ValueError: if ``payload`` is not such a payload.
     """
+    head, _, frame = payload.partition(b"\n")
     try:
-        v = orjson.loads(payload)
-        if v[0] != FORMAT_VERSION:
+        version, app_id, channel, offset, epoch, exclude = head.split(b" ")
+        if version != b"2" or not frame:
+            raise ValueError
+        position = None if offset == b"-" else Position(int(offset), epoch.decode())
+        return (
+            app_id.decode(),
+            channel.decode(),
+            position,
+            None if exclude == b"-" else exclude.decode(),
+            frame,
+        )
+    except ValueError:
+        raise ValueError(f"not a publication payload: {payload[:80]!r}") from None
+
+
+def decode_publication(payload: bytes | str) -> Publication:
+    """Decode a payload made by :func:`encode_publication` (and the publish script), or
+    by a version before 2 (``[1, app_id, channel, event, data, exclude, user_id]`` and
+    ``offset, epoch`` when kept in history), which stays readable in histories.
+
+    Raises:
+        ValueError: if ``payload`` is not such a payload.
+    """
+    raw = payload.encode() if isinstance(payload, str) else payload
+    if raw[:1] != b"[":
+        app_id, channel, position, exclude, frame = split_payload(raw)
+        publication = channel_event_publication(app_id, position, exclude, frame)
+        if publication.channel != channel:
+            raise ValueError(f"not a publication payload: {raw[:80]!r}")
+        return publication
+    try:
+        v = orjson.loads(raw)
+        if v[0] != 1:
             raise ValueError(f"unknown payload format version {v[0]!r}")
         if len(v) == 9:
             return Publication(v[1], v[2], v[3], v[4], v[5], v[6], Position(v[7], v[8]))
         return Publication(v[1], v[2], v[3], v[4], v[5], v[6])
     except (orjson.JSONDecodeError, IndexError, KeyError, TypeError) as exc:
-        raise ValueError(f"not a publication payload: {payload[:80]!r}") from exc
+        raise ValueError(f"not a publication payload: {raw[:80]!r}") from exc
 
 
 def publication_channel(prefix: str, app_id: str, channel: str) -> str:
@@ -266,10 +343,10 @@ def _publish_script_args(
     the one a new channel gets (a fresh :func:`new_epoch` unless given)."""
     p = publication
     name = publication_channel(prefix, p.app_id, p.channel)
-    payload = encode_publication(p)
     keys = (f"{prefix}:{p.app_id}:meta:{p.channel}", f"{prefix}:{p.app_id}:stream:{p.channel}")
-    args = (name, payload[:-1], history_size, _ms(history_ttl), _ms(history_meta_ttl))
-    return keys, (*args, epoch or new_epoch())
+    before, after = script_payload(p)
+    args = (name, before, history_size, _ms(history_ttl), _ms(history_meta_ttl))
+    return keys, (*args, epoch or new_epoch(), after)
 
 
 def pack_commands(commands: Sequence[Sequence[str | int | bytes]]) -> bytes:
@@ -547,6 +624,7 @@ class RedisBackend:
         self._ever_connected = False
         self._on_publication: PublicationHandler | None = None
         self._on_control: ControlHandler | None = None
+        self._on_encoded: EncodedHandler | None = None
         self._pubsub: AbstractConnection | None = None
         self._reader: PubSubReader | None = None  # reads ``_pubsub``
         self._pong_at = 0.0
@@ -590,15 +668,22 @@ class RedisBackend:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    async def start(self, on_publication: PublicationHandler, on_control: ControlHandler) -> None:
+    async def start(
+        self,
+        on_publication: PublicationHandler,
+        on_control: ControlHandler,
+        on_encoded: EncodedHandler | None = None,
+    ) -> None:
         """Connect and start delivering. If Redis cannot be reached, return anyway (not
-        ready) and keep reconnecting in the background.
+        ready) and keep reconnecting in the background. Publications go to
+        ``on_encoded`` undecoded when it is given.
 
         Raises:
             BackendUnavailable: Redis refused the credentials or the connection setup.
         """
         self._on_publication = on_publication
         self._on_control = on_control
+        self._on_encoded = on_encoded
         self._stopped = False
         if not self.apps:
             log.warning("no apps given to the Redis backend: control messages won't arrive")
@@ -1259,11 +1344,7 @@ class RedisBackend:
         for every reply of a wake-up in turn)."""
         kind = reply[0]
         if kind == b"message":
-            data = reply[2]
-            if data[:1] == b"[":
-                self._deliver(self._on_publication, data)  # type: ignore[arg-type]
-            else:
-                self._control(data)
+            self._message(reply[2])
         elif kind == b"pong" or reply == b"PONG":  # PONG: PING before any SUBSCRIBE
             self._pong_at = asyncio.get_running_loop().time()
             waiter, self._pong_waiter = self._pong_waiter, None
@@ -1290,17 +1371,30 @@ class RedisBackend:
         if not waiter.done():
             raise RedisConnectionError(f"lost the pub/sub connection: {reader.lost.result()}")
 
-    @staticmethod
-    def _deliver(on_publication: PublicationHandler, data: bytes) -> None:
+    def _message(self, data: bytes) -> None:
+        """Deliver one pub/sub message: a publication (format 2, or 1 from an older
+        publisher) or a control message (a JSON object)."""
+        first = data[:1]
+        if first == b"{":
+            self._control(data)
+            return
+        on_encoded = self._on_encoded
+        encoded = first == b"2" and on_encoded is not None  # the hot path: no JSON at all
         try:
-            publication = decode_publication(data)
+            if encoded:
+                parts = split_payload(data)
+            else:
+                publication = decode_publication(data)
         except ValueError:
             log.warning("dropped a malformed publication: %r", data[:200])
             return
         try:
-            on_publication(publication)
+            if encoded:
+                on_encoded(*parts)  # type: ignore[misc]
+            else:
+                self._on_publication(publication)  # type: ignore[misc]
         except Exception:
-            log.exception("publication handler failed on channel %s", publication.channel)
+            log.exception("publication handler failed on %r", data[:120])
 
     def _control(self, data: bytes) -> None:
         try:

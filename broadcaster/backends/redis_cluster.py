@@ -72,6 +72,7 @@ from broadcaster.backends.redis import (
     _position,
     encode_publication,
     parse_hosts,
+    script_payload,
     take_over,
 )
 from broadcaster.publication import Position, Publication
@@ -237,9 +238,9 @@ def _publish_args(
         channel_key(prefix, p.app_id, p.channel, "meta"),
         channel_key(prefix, p.app_id, p.channel, "stream"),
     )
-    payload = encode_publication(p)[:-1]
+    before, after = script_payload(p)
     name = channel_key(prefix, p.app_id, p.channel, "pub")
-    return keys, (name, payload, size, _ms(ttl), _ms(meta_ttl), new_epoch())
+    return keys, (name, before, size, _ms(ttl), _ms(meta_ttl), new_epoch(), after)
 
 
 # -- the backend ------------------------------------------------------------------------
@@ -495,11 +496,7 @@ class RedisClusterBackend(RedisBackend):
         :class:`PubSubReader` for every reply of a wake-up in turn)."""
         kind = reply[0]
         if kind == b"smessage":
-            data = reply[2]
-            if data[:1] == b"[":
-                self._deliver(self._on_publication, data)  # type: ignore[arg-type]
-            else:
-                self._control(data)
+            self._message(reply[2])
         elif kind == b"pong":
             shard.pong_at = asyncio.get_running_loop().time()
         elif kind in (b"ssubscribe", b"sunsubscribe"):

@@ -13,12 +13,15 @@ from typing import Any
 import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
 
+from broadcaster import protocol
 from broadcaster.backends import BackendUnavailable, PresenceMember, create_backend
 from broadcaster.backends.redis import (
     RedisBackend,
     decode_publication,
+    encode_publication,
     publication_channel,
     publish_via_redis,
+    split_payload,
 )
 from broadcaster.publication import Position, Publication
 from tests.backends.helpers import APP, Node, eventually, eventually_async
@@ -317,9 +320,111 @@ def test_options_are_validated_with_messages_that_name_them() -> None:
 
 
 def test_payloads_that_are_not_publications_are_refused() -> None:
-    for payload in (b"nope", b"[2,1]", b"[1]", b"{}"):
+    frame = b'{"event":"e","channel":"chat","data":"{}"}'
+    for payload in (
+        b"nope",
+        b"[2,1]",
+        b"[1]",
+        b"{}",
+        b"2 app chat - - -",  # no frame
+        b"2 app chat - -\n" + frame,  # a header field missing
+        b"2 app chat x e1 -\n" + frame,  # an offset that is no number
+        b"3 app chat - - -\n" + frame,  # an unknown version
+    ):
         with pytest.raises(ValueError, match="payload"):
             decode_publication(payload)
+    with pytest.raises(ValueError, match="payload"):  # the header and the frame disagree
+        decode_publication(b"2 app other - - -\n" + frame)
+    with pytest.raises(ValueError, match="not a channel event"):
+        decode_publication(b"2 app chat - - -\n[1]")
+
+
+def test_the_payload_carries_the_frame_clients_receive_and_decodes_back() -> None:
+    """Format 2: a header to route and order by, then the channel event exactly as
+    :func:`broadcaster.protocol.channel_event` writes it (the node sends it as is)."""
+    p = Publication(APP, "presence-room", "client-typing", '{"a":"\u00e9\\n"}', "12.34", "u-7")
+    payload = encode_publication(p)
+    app_id, channel, position, exclude, frame = split_payload(payload)
+    assert (app_id, channel, position, exclude) == (APP, "presence-room", None, "12.34")
+    assert frame == protocol.channel_event(p.event, p.channel, p.data, p.user_id)
+    assert decode_publication(payload) == decode_publication(payload.decode()) == p
+    assert decode_publication(encode_publication(pub())) == pub()
+
+
+def test_format_1_payloads_of_earlier_versions_stay_readable() -> None:
+    v1 = b'[1,"app","chat","ev","{}",null,"u",7,"e1"]'
+    assert decode_publication(v1) == Publication(
+        "app", "chat", "ev", "{}", None, "u", Position(7, "e1")
+    )
+    assert decode_publication(b'[1,"app","chat","ev","{}","1.2",null]').exclude_socket_id == "1.2"
+
+
+def test_names_that_cannot_be_routed_are_refused_when_publishing() -> None:
+    for bad in (
+        Publication(APP, "my chat", "e", "{}"),
+        Publication(APP, "chat\n", "e", "{}"),
+        Publication("", "chat", "e", "{}"),
+        Publication(APP, "chat", "e", "{}", exclude_socket_id="1 2"),
+    ):
+        with pytest.raises(ValueError, match="cannot publish with the"):
+            encode_publication(bad)
+
+
+async def test_published_payloads_carry_the_position_in_header_and_frame(
+    redis_server: RedisServer,
+) -> None:
+    """The publish script writes the position into the header and the frame; a node
+    gets the frame undecoded, byte for byte what ``channel_event`` makes with it, and
+    the history keeps the same payload."""
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    got: list[tuple[str, str, Position | None, str | None, bytes]] = []
+    objects: list[Publication] = []
+    backend = RedisBackend(redis_server.url, prefix=prefix, apps=(APP,))
+    await backend.start(objects.append, lambda app, message: None, lambda *a: got.append(a))
+    client = Redis.from_url(redis_server.url)
+    try:
+        await backend.subscribe(APP, "chat")
+        first = await backend.publish(pub('{"n":1}'))
+        p = Publication(APP, "chat", "agent.event", '{"n":2}', "9.9", None)
+        second = await publish_via_redis(client, prefix, p)
+        await eventually(lambda: len(got) == 2, "both publications, encoded")
+        assert first is not None
+        assert second == Position(first.offset + 1, first.epoch)
+        for (app_id, channel, position, exclude, frame), data, excluded, at in zip(
+            got, ('{"n":1}', '{"n":2}'), (None, "9.9"), (first, second), strict=True
+        ):
+            assert (app_id, channel, position, exclude) == (APP, "chat", at, excluded)
+            assert frame == protocol.channel_event("agent.event", "chat", data, None, str(at))
+        assert objects == []  # nothing decoded on the way
+        history = await backend.history(APP, "chat", Position(0, first.epoch))
+        assert [h.data for h in history.publications] == ['{"n":1}', '{"n":2}']
+        assert history.publications[1] == Publication(
+            APP, "chat", "agent.event", '{"n":2}', "9.9", None, second
+        )
+    finally:
+        await client.aclose()
+        await backend.stop()
+
+
+async def test_a_node_still_delivers_format_1_publications_of_older_publishers(
+    redis_server: RedisServer,
+) -> None:
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    got: list[Any] = []
+    objects: list[Publication] = []
+    backend = RedisBackend(redis_server.url, prefix=prefix, apps=(APP,))
+    await backend.start(objects.append, lambda app, message: None, lambda *a: got.append(a))
+    client = Redis.from_url(redis_server.url)
+    try:
+        await backend.subscribe(APP, "chat")
+        v1 = f'[1,"{APP}","chat","ev","{{}}",null,null,3,"e1"]'
+        await client.publish(publication_channel(prefix, APP, "chat"), v1)
+        await eventually(lambda: bool(objects), "the format 1 publication")
+        assert objects == [Publication(APP, "chat", "ev", "{}", None, None, Position(3, "e1"))]
+        assert got == []
+    finally:
+        await client.aclose()
+        await backend.stop()
 
 
 async def test_a_malformed_message_is_dropped_and_delivery_goes_on(

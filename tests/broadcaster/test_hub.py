@@ -6,22 +6,47 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
 
 import pytest
 
+from broadcaster import protocol
 from broadcaster.backends.base import BackendUnavailable
 from broadcaster.connection import Delivery
 from broadcaster.hub import Hub, Resumed
 from broadcaster.metrics import Metrics
-from broadcaster.publication import Position
+from broadcaster.publication import Position, Publication
 from tests.support.hub import APP, ScriptedBackend, publication, recording_connection, tick
 
 CH = "agent.run"
 APP_ID = APP.id
 
 
+class EncodedHub(Hub):
+    """Takes every live publication as the Redis backend hands it over: encoded, through
+    :meth:`Hub.deliver_encoded` (its fast path, or the full one when it must)."""
+
+    def deliver(self, publication: Publication) -> None:
+        p = publication
+        position = None if p.position is None else str(p.position)
+        frame = protocol.channel_event(p.event, p.channel, p.data, p.user_id, position)
+        self.deliver_encoded(p.app_id, p.channel, p.position, p.exclude_socket_id, frame)
+
+
+_hub_class: type[Hub] = Hub
+
+
+@pytest.fixture(autouse=True, params=["objects", "encoded"])
+def delivery_kind(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test runs with publications delivered as objects and as encoded frames."""
+    global _hub_class
+    _hub_class = EncodedHub if request.param == "encoded" else Hub
+    yield
+    _hub_class = Hub
+
+
 def make_hub(backend: ScriptedBackend, **options: int) -> Hub:
-    return Hub(backend, Metrics(), **options)  # type: ignore[arg-type]
+    return _hub_class(backend, Metrics(), **options)  # type: ignore[arg-type]
 
 
 def stream(*offsets: int, epoch: str = "e1") -> list:  # type: ignore[type-arg]
@@ -394,3 +419,19 @@ async def test_a_failed_backend_subscription_is_raised_and_forgotten() -> None:
     backend.fail.clear()
     await hub.subscribe(conn, CH)  # a retry subscribes afresh
     assert hub.subscriber_count(APP_ID, CH) == 1
+
+
+async def test_a_publication_without_position_goes_to_everyone_but_its_sender() -> None:
+    """A client event has no position: it is neither ordered nor held for a gap."""
+    hub = make_hub(ScriptedBackend())
+    (a, raw_a), (b, raw_b) = (recording_connection(s) for s in ("1.1", "1.2"))
+    for conn in (a, b):
+        await hub.subscribe(conn, CH)
+    hub.deliver(publication(CH, 1))
+    event = Publication(APP_ID, CH, "client-typing", '{"who":"b"}', exclude_socket_id="1.2")
+    hub.deliver(event)
+    hub.deliver(Publication(APP_ID, "agent.nobody-listens", "step", "{}"))
+    await tick()
+    assert raw_a.written.count(b"client-typing") == 1
+    assert b"client-typing" not in raw_b.written
+    assert raw_a.offsets() == raw_b.offsets() == [1]
