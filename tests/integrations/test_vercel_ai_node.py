@@ -119,7 +119,9 @@ async def test_the_transports_reconnect_replays_a_run_mid_way_and_is_null_after_
     start_server: StartServer, clients: Connect
 ) -> None:
     live = await start_server(demo=True)
-    run = await start_run(live.url, pace_ms=40, trace=True)
+    # Paced to last several seconds: the Node client below must find it still running,
+    # also on a loaded machine where starting node takes a second or two.
+    run = await start_run(live.url, pace_ms=200, trace=True)
     watcher = await clients(live.app_url())
     await subscribe(watcher, run["channel"], run["position"])
     first: list[dict[str, Any]] = []
