@@ -1,7 +1,8 @@
 """Publishes benchmark envelopes through Redis, the way each Python server expects them.
 
-* ``broadcaster``: :func:`broadcaster.backends.redis.publish_via_redis`, the Redis
-  backend's own publish path (one atomic script: position, history entry, ``PUBLISH``).
+* ``broadcaster``: :func:`broadcaster.backends.redis.publish_many_via_redis`, what agent
+  processes publish with (one atomic script per publication: position, history entry,
+  ``PUBLISH``; one round trip per batch).
 * ``plain``: ``PUBLISH bench:<channel> <frame>`` of a ready Pusher-style frame, for the
   plain-``websockets`` reference, which forwards those bytes unchanged.
 
@@ -56,49 +57,27 @@ def _plain_publisher() -> Publish:
     return publish
 
 
-class _Queued:
-    """Stands in for the Redis client inside ``publish_via_redis``: the backend's own
-    function builds the keys, payload and script call, and this queues that call on a
-    pipeline, so that a batch of publications costs one round trip (the script is loaded
-    beforehand; positions are not needed by the bench)."""
-
-    def __init__(self, pipe: Any) -> None:
-        self.pipe = pipe
-
-    async def evalsha(self, *args: Any) -> tuple[int, bytes]:
-        self.pipe.evalsha(*args)
-        return 0, b"queued"
-
-    async def publish(self, *args: Any) -> int:
-        self.pipe.publish(*args)
-        return 0
-
-
 def _broadcaster_publisher(cfg: dict[str, Any]) -> Publish:
-    from broadcaster.backends.redis import publish_via_redis
+    from broadcaster.backends.redis import publish_many_via_redis
     from broadcaster.publication import Publication
 
     app_id = cfg.get("app_id", "bench")
     prefix = cfg.get("prefix", DEFAULT_REDIS_PREFIX)
     size = int(cfg.get("history_size", 100))
     ttl = float(cfg.get("history_ttl", 600))
-    loaded: set[int] = set()
 
     async def publish(client: Redis, batch: list[tuple[str, int]]) -> None:
-        if id(client) not in loaded:  # the first one the plain way: loads the script
-            channel, seq = batch.pop(0)
-            data = envelope(session_of(channel), seq)
-            publication = Publication(app_id=app_id, channel=channel, event=EVENT, data=data)
-            await publish_via_redis(client, prefix, publication, history_size=size, history_ttl=ttl)
-            loaded.add(id(client))
-        pipe = client.pipeline(transaction=False)
-        queued: Any = _Queued(pipe)
-        for channel, seq in batch:
-            data = envelope(session_of(channel), seq)
-            publication = Publication(app_id=app_id, channel=channel, event=EVENT, data=data)
-            await publish_via_redis(queued, prefix, publication, history_size=size, history_ttl=ttl)
-        if batch:
-            await pipe.execute()
+        # What agent processes use (RedisPublisher): the publish script, one round trip
+        # per batch.
+        publications = [
+            Publication(
+                app_id=app_id, channel=channel, event=EVENT, data=envelope(session_of(channel), seq)
+            )
+            for channel, seq in batch
+        ]
+        await publish_many_via_redis(
+            client, prefix, publications, history_size=size, history_ttl=ttl
+        )
 
     return publish
 

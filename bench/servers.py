@@ -1,7 +1,7 @@
 """The servers a bench run compares: ours and the references.
 
 Every server gets its publications through the same private Redis, each on its own
-publish path: ours through the Redis backend (``publish_via_redis``), the plain
+publish path: ours through the Redis backend (``publish_many_via_redis``), the plain
 ``websockets`` reference through ``PUBLISH`` of a ready frame, socket.io through
 ``@socket.io/redis-emitter``. The bare-uvicorn reference (``bench/ref_uvicorn.py``)
 takes part in the ``http`` scenario only: it answers the same signed publish requests

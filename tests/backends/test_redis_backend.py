@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.exceptions import ResponseError
 
 from broadcaster import protocol
 from broadcaster.backends import BackendUnavailable, PresenceMember, create_backend
@@ -20,6 +21,7 @@ from broadcaster.backends.redis import (
     decode_publication,
     encode_publication,
     publication_channel,
+    publish_many_via_redis,
     publish_via_redis,
     split_payload,
 )
@@ -636,5 +638,33 @@ async def test_a_channel_meta_written_before_replication_ids_adopts_the_current_
         second = await backend.publish(pub("2"))
         assert second == Position(2, first.epoch)
         assert await client.hget(meta, "r") is not None
+    finally:
+        await client.aclose()
+
+
+async def test_agents_publish_many_in_order_after_a_script_flush_and_see_refusals(
+    redis_server: RedisServer,
+) -> None:
+    """``publish_many_via_redis`` (what ``RedisPublisher`` uses): one write for the
+    batch, positions in order; after SCRIPT FLUSH the script is loaded again and
+    nothing is lost; a refused publication raises, and the pooled connection is fine
+    for the next batch."""
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    client = Redis.from_url(redis_server.url)
+    try:
+        batch = [pub(f'{{"n":{n}}}', channel=f"s{n % 2}") for n in range(6)]
+        first = await publish_many_via_redis(client, prefix, batch)
+        await client.script_flush()
+        again = await publish_many_via_redis(client, prefix, batch[:2])
+        assert [p.offset for p in first] == [1, 1, 2, 2, 3, 3]
+        assert [p.offset for p in again] == [4, 4]
+        assert first[0].epoch == again[0].epoch
+        await client.set(f"{prefix}:{APP}:meta:broken", "not a hash")
+        with pytest.raises(ResponseError, match="WRONGTYPE"):
+            await publish_many_via_redis(client, prefix, [pub(channel="s0"), pub(channel="broken")])
+        after = await publish_many_via_redis(client, prefix, [pub(channel="s0")])
+        assert after[0].offset == 6  # the one before the refused one was published
+        history = await client.xrange(f"{prefix}:{APP}:stream:s0")
+        assert [decode_publication(f[b"p"]).data for _, f in history][-1] == "{}"
     finally:
         await client.aclose()
