@@ -741,3 +741,31 @@ async def test_the_access_log_names_natively_served_requests_as_uvicorn_does(
     assert [line[0].rpartition(":")[0] for line in lines[:3]] == ["127.0.0.1"] * 2 + ["10.1.2.3"]  # type: ignore[index]
     assert [line[4] for line in lines[:3]] == [200, 404, 200]  # type: ignore[index]
     assert lines[0][2].startswith(f"{EVENTS}?auth_key=")  # type: ignore[index,union-attr]
+
+
+@pytest.mark.redis
+async def test_a_shutdown_answers_the_publication_in_flight_then_closes(
+    start_server: StartServer, tmp_path: Path, redis_factory: Callable[[], RedisServer]
+) -> None:
+    redis = redis_factory()
+    pair = await _pair(start_server, tmp_path, lambda: {"backend": redis.url})
+    live = pair.native
+    raw = await Raw.open(live)
+    assert redis.proc is not None
+    redis.proc.send_signal(signal.SIGSTOP)
+    try:
+        await raw.send(_request(EVENTS, _event()))
+        protocol = _protocol(live, raw)
+        await wait_for(
+            lambda: _served_natively(live, raw) and protocol._native is None,
+            "the request to wait for its publication",
+        )
+        live.server.should_exit = True
+        await wait_for(lambda: not protocol.cycle.keep_alive, "the shutdown to reach it")
+    finally:
+        redis.proc.send_signal(signal.SIGCONT)
+    answer = await raw.answer()
+    assert (_status(answer), b"\r\nconnection: close\r\n" in answer) == (200, True)
+    assert await raw.closed()
+    await raw.close()
+    await asyncio.wait_for(live.task, 10)
