@@ -22,6 +22,9 @@ The two publish routes are also served by :class:`PublishFastPath`, a plain ASGI
 callable that the application runs before Starlette's middleware and routing for a
 ``POST`` to ``/apps/<app id>/events`` or ``/batch_events``: the same checks, in the same
 order, with the same answers, without a ``Request``, a ``URL`` or a response object.
+Under the server's own HTTP protocol (:mod:`broadcaster._guard`) it serves them without
+ASGI at all: the protocol gets it as :class:`~broadcaster.transport.NativePosts` and
+takes the same steps as the request arrives, writing each answer itself.
 """
 
 from __future__ import annotations
