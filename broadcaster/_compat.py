@@ -9,7 +9,8 @@ as ``self.name`` somewhere in the class or its bases, read from the source, sinc
 exist only on instances). When a check fails the server logs a warning naming what is
 missing and falls back to uvicorn's own implementation: the plain ASGI WebSocket path
 (no direct frame writes, no native sessions, 1012 instead of 4200 on shutdown), or
-uvicorn's HTTP protocol without the head deadline, head size and per-address limits.
+uvicorn's HTTP protocol without the head deadline, head size and per-address limits
+(and without the natively served publish routes).
 
 The lists are the contract: tests/broadcaster/test_compat.py checks each name against
 the installed uvicorn, so an upgrade that removes one fails a test before it fails a
@@ -135,17 +136,50 @@ GUARD = (
             "connection_made",
             "data_received",
             "handle_websocket_upgrade",
+            "on_body",
             "on_headers_complete",
             "on_message_begin",
+            "on_message_complete",
             "on_response_complete",
+            "shutdown",
         ),
-        attributes=("client", "cycle", "loop", "pipeline", "transport"),
+        attributes=(
+            "access_log",
+            "access_logger",
+            "app_state",
+            "client",
+            "cycle",
+            "expect_100_continue",
+            "headers",
+            "limit_concurrency",
+            "logger",
+            "loop",
+            "parser",
+            "pipeline",
+            "root_path",
+            "server_state",
+            "transport",
+            "url",
+        ),
     ),
+    # A natively served request stands in for this class as the protocol's ``cycle``
+    # (broadcaster._guard._NativeCycle): these are what uvicorn reads and writes there.
     Contract(
         module="uvicorn.protocols.http.httptools_impl",
         cls="RequestResponseCycle",
         methods=(),
-        attributes=("response_complete",),
+        attributes=("disconnected", "keep_alive", "message_event", "response_complete"),
+    ),
+    Contract(
+        module="uvicorn.server",
+        cls="ServerState",
+        methods=(),
+        attributes=("default_headers",),
+    ),
+    Contract(
+        module="httptools",
+        cls="HttpRequestParser",
+        methods=("get_http_version", "get_method", "should_keep_alive", "should_upgrade"),
     ),
 )
 """What :class:`broadcaster._guard.GuardedHttpProtocol` relies on."""

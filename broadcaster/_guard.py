@@ -20,6 +20,21 @@ by :func:`broadcaster.server.uvicorn_config`) adds:
   after the upgrade). A connection over the limit is answered at once with ``429``,
   ``Retry-After`` and a JSON message naming the limit, and closed; the application never
   sees it.
+
+It also serves the HTTP API's publish routes itself, without ASGI, when the application
+offers them (a :class:`~broadcaster.transport.NativePosts` in the lifespan state under
+:data:`~broadcaster.transport.POSTS_STATE`): no task, scope, receive/send messages or
+middleware per request, and the whole answer in one write. Only requests that the ASGI
+path would hand to the application unchanged are served so: ``POST``, a path it routes
+(without ``%`` escapes), a ``Content-Length`` and no ``Transfer-Encoding``, no
+``Expect: 100-continue``, no upgrade, no ``root_path`` or concurrency limit, not
+pipelined behind an unfinished answer, and no ``X-Forwarded-For`` while the access log
+is on (uvicorn's proxy-headers middleware would change the client logged). Every other
+request goes the ASGI way, as before. The answers are byte-identical to the ASGI
+path's (uvicorn's ``date`` and ``server`` headers included); the body is held to the
+same limits (413, and 408 after ``body_timeout``); keep-alive, pipelining (a request
+that arrives while a publication is in flight waits for its answer), graceful shutdown
+and the access log behave as uvicorn's.
 """
 
 from __future__ import annotations
@@ -31,11 +46,20 @@ import logging
 import time
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+import httptools
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from broadcaster.transport import ReportsLoss
+from broadcaster.transport import (
+    POSTS_STATE,
+    SERVER_ERROR,
+    Answer,
+    NativePost,
+    NativePosts,
+    Pending,
+    ReportsLoss,
+)
 
 __all__ = ["MAX_HEAD_BYTES", "RETRY_AFTER", "AddressSlots", "GuardedHttpProtocol", "http_class"]
 
@@ -113,6 +137,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._refused = False
         self._upgraded = False
+        self._native: _NativeCycle | None = None  # a natively served request, until its end
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -126,6 +151,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        if self._native is not None:
+            self._native.stop_timer()
+            self._native = None
         if self._address is not None:
             self.slots.give_back(self._address)
             self._address = None
@@ -137,6 +165,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 self.transport.close()
             return
         super().data_received(data)
+        native = self._native
+        if native is not None and native.timer is None and self._reading(native):
+            # The body did not come with its head: from now on it has body_timeout.
+            native.timer = self.loop.call_later(native.post.body_timeout, self._body_overdue)
         if self._in_head and not self._upgraded:
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES:
@@ -153,7 +185,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._cancel_head_timer()
-        super().on_headers_complete()
+        if not self._serve_natively():
+            super().on_headers_complete()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -181,6 +214,154 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             )
             self.transport.close()
 
+    # -- natively served POST routes --------------------------------------------------
+
+    def _serve_natively(self) -> bool:
+        posts = cast("NativePosts | None", self.app_state.get(POSTS_STATE))
+        if posts is None or self.parser.get_method() != b"POST" or not self._in_order():
+            return False
+        url = httptools.parse_url(self.url)
+        path = url.path
+        if b"%" in path:
+            return False  # ASGI would give the application the decoded path
+        post = posts.route(path.decode("latin-1"))
+        if post is None:
+            return False
+        logged = self.access_log and self.access_logger.isEnabledFor(logging.INFO)
+        length = self._content_length(logged)
+        if length is None:
+            return False
+        version = self.parser.get_http_version()
+        query = url.query or b""
+        native = _NativeCycle(post, query, version != "1.0" and self.parser.should_keep_alive())
+        if logged:
+            target = path.decode("latin-1")
+            if query:
+                target += "?" + query.decode("ascii", "backslashreplace")
+            native.logged = (target, version)
+        self._native = native
+        # uvicorn's own code reads the protocol's cycle: a request that arrives before
+        # this one is answered is queued (pipelined), and a shutdown clears keep_alive.
+        self.cycle = cast(RequestResponseCycle, native)
+        try:
+            refusal = post.refusal(length)
+        except Exception as exc:
+            self._native_failed(native, exc)
+            return True
+        if refusal is not None:
+            self._native_answer(native, refusal)  # the body that follows is skipped
+        return True
+
+    def _reading(self, native: _NativeCycle) -> bool:
+        return not (native.response_complete or self.transport.is_closing())
+
+    def _in_order(self) -> bool:
+        """Whether a request whose head just ended may be answered at once: nothing
+        pipelined before it, and nothing that uvicorn answers differently."""
+        cycle = self.cycle
+        return not (
+            self.pipeline
+            or (cycle is not None and not cycle.response_complete)
+            or self.expect_100_continue
+            or self.root_path
+            or self.limit_concurrency is not None
+            or self.parser.should_upgrade()
+        )
+
+    def _content_length(self, logged: bool) -> str | None:
+        """The request's (first) ``Content-Length``; None for a body ASGI reads
+        otherwise (chunked), or a client the access log would name otherwise."""
+        length = None
+        for name, value in self.headers:
+            if name == b"content-length":
+                if length is None:
+                    length = value.decode("latin-1")
+            elif name == b"transfer-encoding" or (logged and name == b"x-forwarded-for"):
+                return None
+        return length
+
+    def on_body(self, body: bytes) -> None:
+        native = self._native
+        if native is None:
+            super().on_body(body)
+        elif not native.response_complete:
+            native.body.append(body)
+
+    def on_message_complete(self) -> None:
+        native = self._native
+        if native is None:
+            super().on_message_complete()
+            return
+        self._native = None
+        native.stop_timer()
+        if native.response_complete:
+            return  # answered before its body was read
+        chunks = native.body
+        native.body = []
+        try:
+            outcome = native.post.answer(native.query, b"".join(chunks))
+        except Exception as exc:
+            self._native_failed(native, exc)
+            return
+        if isinstance(outcome, Answer):
+            self._native_answer(native, outcome)
+        else:
+            outcome.done.add_done_callback(
+                functools.partial(self._native_published, native, outcome)
+            )
+
+    def _native_published(self, native: _NativeCycle, pending: Pending, _: object) -> None:
+        try:
+            answer = pending.answer()
+        except Exception as exc:
+            self._native_failed(native, exc)
+            return
+        self._native_answer(native, answer)
+
+    def _body_overdue(self) -> None:
+        native = self._native
+        if native is None or native.response_complete:
+            return
+        native.timer = None
+        try:
+            answer = native.post.too_slow()
+        except Exception as exc:
+            self._native_failed(native, exc)
+            return
+        self._native_answer(native, answer)
+
+    def _native_answer(self, native: _NativeCycle, answer: Answer) -> None:
+        native.response_complete = True
+        if self.transport.is_closing():
+            return  # the client is gone: nobody to answer
+        if native.logged is not None:
+            self._log_access(native.logged, answer.status)
+        keep_alive = native.keep_alive  # read now: a shutdown may have cleared it
+        head = _DEFAULT_HEADERS.lines(self.server_state.default_headers)
+        self.transport.write(_response(head, answer, keep_alive))
+        if not keep_alive:
+            self.transport.close()
+        self.on_response_complete()
+
+    def _native_failed(self, native: _NativeCycle, exc: Exception) -> None:
+        # As uvicorn after an ASGI application's error: a 500 (when nothing was sent
+        # yet), the error logged, the connection closed.
+        self.logger.error("Exception in a natively served request\n", exc_info=exc)
+        if native.response_complete or self.transport.is_closing():
+            self.transport.close()
+            return
+        native.response_complete = True
+        head = _DEFAULT_HEADERS.lines(self.server_state.default_headers)
+        self.transport.write(_response(head, SERVER_ERROR, native.keep_alive))
+        self.transport.close()
+        self.on_response_complete()
+
+    def _log_access(self, logged: tuple[str, str], status: int) -> None:
+        # uvicorn's access log line, with the same arguments (its formatter reads them).
+        client = "%s:%d" % self.client if self.client else ""  # noqa: UP031
+        target, version = logged
+        self.access_logger.info('%s - "%s %s HTTP/%s" %d', client, "POST", target, version, status)
+
     # -- WebSocket upgrades keep their slot ---------------------------------------------
 
     def handle_websocket_upgrade(self) -> None:
@@ -202,7 +383,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             "connections per client address (max_connections_per_ip); close some or "
             f"retry in {RETRY_AFTER} s"
         )
-        self.transport.write(_response(429, message, (b"retry-after", str(RETRY_AFTER).encode())))
+        self.transport.write(_refusal(429, message, (b"retry-after", str(RETRY_AFTER).encode())))
         # Closed once the request head is read (closing with it unread could reset the
         # connection before the client reads the answer), or after a short grace.
         self._head_timer = self.loop.call_later(
@@ -210,11 +391,89 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         )
 
     def _answer(self, status: int, message: str) -> None:
-        self.transport.write(_response(status, message))
+        self.transport.write(_refusal(status, message))
         self.transport.close()
 
 
-def _response(status: int, message: str, *headers: tuple[bytes, bytes]) -> bytes:
+class _NoEvent:
+    """The ``message_event`` of a native cycle: nobody waits on it."""
+
+    def set(self) -> None:
+        pass
+
+
+class _NativeCycle:
+    """A natively served request. The protocol's ``cycle`` while it is served, with
+    what uvicorn reads and writes of a ``RequestResponseCycle`` there:
+    ``response_complete``, ``keep_alive``, ``disconnected`` and ``message_event``."""
+
+    __slots__ = (
+        "body",
+        "disconnected",
+        "keep_alive",
+        "logged",
+        "post",
+        "query",
+        "response_complete",
+        "timer",
+    )
+    message_event = _NoEvent()
+
+    def __init__(self, post: NativePost, query: bytes, keep_alive: bool) -> None:
+        self.post = post
+        self.query = query
+        self.keep_alive = keep_alive
+        self.body: list[bytes] = []
+        self.response_complete = False
+        self.disconnected = False
+        self.timer: asyncio.TimerHandle | None = None  # the body deadline, once armed
+        self.logged: tuple[str, str] | None = None  # target and HTTP version, if logged
+
+    def stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
+class _DefaultHeaders:
+    """The header lines of uvicorn's ``default_headers`` (``date``, ``server``), joined
+    once per list: uvicorn replaces the list when the date changes."""
+
+    __slots__ = ("_lines", "_source")
+
+    def __init__(self) -> None:
+        self._source: list[tuple[bytes, bytes]] | None = None
+        self._lines = b""
+
+    def lines(self, headers: list[tuple[bytes, bytes]]) -> bytes:
+        if headers is not self._source:
+            self._lines = b"".join(name + b": " + value + b"\r\n" for name, value in headers)
+            self._source = headers
+        return self._lines
+
+
+_DEFAULT_HEADERS = _DefaultHeaders()
+_STATUS_LINES = {
+    int(status): f"HTTP/1.1 {int(status)} {status.phrase}\r\n".encode() for status in HTTPStatus
+}
+
+
+def _response(head: bytes, answer: Answer, keep_alive: bool) -> bytes:
+    """The bytes uvicorn writes for ``answer`` (in two writes) after the default header
+    lines ``head``: the same status line, headers and order."""
+    body = answer.body
+    return b"".join(
+        (
+            _STATUS_LINES[answer.status],
+            head,
+            b"content-length: %d\r\ncontent-type: %s\r\n" % (len(body), answer.content_type),
+            b"\r\n" if keep_alive else b"connection: close\r\n\r\n",
+            body,
+        )
+    )
+
+
+def _refusal(status: int, message: str, *headers: tuple[bytes, bytes]) -> bytes:
     body = json.dumps({"error": message, "status": status}).encode()
     lines = [
         f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode(),

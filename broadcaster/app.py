@@ -19,7 +19,7 @@ from broadcaster.node import Node
 from broadcaster.sessions import routes as session_routes
 from broadcaster.settings import Settings
 from broadcaster.sse import routes as sse_routes
-from broadcaster.transport import SESSIONS_STATE
+from broadcaster.transport import POSTS_STATE, SESSIONS_STATE
 from broadcaster.websocket import BadPathEndpoint, NativeSessions, WebSocketEndpoint
 
 __all__ = ["create_app"]
@@ -34,6 +34,7 @@ def create_app(settings: Settings, node: Node | None = None) -> Starlette:
             starts and stops it.
     """
     node = node or Node(settings)
+    fast = PublishFastPath(node)
     ctx = ExtensionContext(settings=settings, node=node)
     for name in _extension_names(settings):
         load_extension(name)(ctx)
@@ -45,12 +46,11 @@ def create_app(settings: Settings, node: Node | None = None) -> Starlette:
             for hook in ctx.lifespans:
                 await stack.enter_async_context(hook())
             # Lifespan state reaches the server's protocols: the fast path serves
-            # /app/{key} natively through it (see broadcaster._uvicorn).
-            yield {SESSIONS_STATE: NativeSessions(node)}
+            # /app/{key} natively through it (see broadcaster._uvicorn), and the HTTP
+            # protocol the publish routes (see broadcaster._guard).
+            yield {SESSIONS_STATE: NativeSessions(node), POSTS_STATE: fast}
 
-    app = _Application(
-        PublishFastPath(node), routes=_routes(node, settings, ctx.routes), lifespan=lifespan
-    )
+    app = _Application(fast, routes=_routes(node, settings, ctx.routes), lifespan=lifespan)
     app.state.settings = settings
     app.state.node = node
     app.state.extensions = ctx.state

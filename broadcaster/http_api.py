@@ -22,10 +22,15 @@ The two publish routes are also served by :class:`PublishFastPath`, a plain ASGI
 callable that the application runs before Starlette's middleware and routing for a
 ``POST`` to ``/apps/<app id>/events`` or ``/batch_events``: the same checks, in the same
 order, with the same answers, without a ``Request``, a ``URL`` or a response object.
+Under the server's own HTTP protocol (:mod:`broadcaster._guard`) it serves them without
+ASGI at all: the protocol gets it as :class:`~broadcaster.transport.NativePosts` and
+takes the same steps as the request arrives, writing each answer itself.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 import time
@@ -47,6 +52,7 @@ from broadcaster.http_models import TriggerRequest
 from broadcaster.node import Node
 from broadcaster.settings import AppConfig
 from broadcaster.signing import verify_request
+from broadcaster.transport import SERVER_ERROR, Answer
 
 __all__ = ["PublishFastPath", "api_routes"]
 
@@ -124,14 +130,18 @@ class _Api:
             raise ApiError(exc.status, exc.message) from None
 
     async def events(self, app: AppConfig, body: bytes) -> dict[str, Any]:
-        trigger = http_models.parse_trigger(body, app)
+        return await self.trigger(app, http_models.parse_trigger(body, app))
+
+    async def trigger(self, app: AppConfig, trigger: TriggerRequest) -> dict[str, Any]:
         await self._publish(app, trigger)
         if not trigger.info:
             return {}
         return {"channels": await self._infos(app, trigger.channels, trigger.info)}
 
     async def batch_events(self, app: AppConfig, body: bytes) -> dict[str, Any]:
-        batch = http_models.parse_batch(body, app)
+        return await self.batch(app, http_models.parse_batch(body, app))
+
+    async def batch(self, app: AppConfig, batch: list[TriggerRequest]) -> dict[str, Any]:
         # Started in order at once: the backend sends them together, in order.
         await self.node.publish_batch(
             app.id, [(t.channels, t.name, t.data, t.socket_id) for t in batch]
@@ -218,81 +228,222 @@ def _channel_param(request: Request) -> str:
 _PUBLISH_PATH = re.compile(r"/apps/([A-Za-z0-9_.\-]+)/(events|batch_events)")
 _JSON = [(b"content-type", b"application/json")]
 _EMPTY = b"{}"
+_EVENTS = "events"
 
 
 class PublishFastPath:
-    """``POST /apps/{app_id}/events`` and ``/batch_events`` as a plain ASGI callable.
+    """``POST /apps/{app_id}/events`` and ``/batch_events`` without Starlette.
 
     The same steps as the Starlette routes (:meth:`_Api.wrap`), in the same order and
     with byte-identical answers: the app (404), the body under ``max_request_bytes``
     (413) and ``body_timeout`` (408), the signature (401/403), then validation (400/413)
     and publication (503 when the backend is unreachable).
+
+    Served two ways: as a plain ASGI callable (:meth:`serve`, which the application runs
+    before Starlette), and as :class:`~broadcaster.transport.NativePosts`, through which
+    the HTTP protocol (:mod:`broadcaster._guard`) serves these requests without ASGI.
+    Both take the steps of :meth:`answer`. A publication without ``info`` waits for the
+    backend with a callback (a Redis publish is a future), not a task.
     """
 
     def __init__(self, node: Node) -> None:
         self._api = _Api(node)
         self._body = BodyReader(self._api.max_body, self._api.body_timeout)
-        self._handlers: dict[str, PublishHandler] = {
-            "events": self._api.events,
-            "batch_events": self._api.batch_events,
-        }
+        self._batch_answers: dict[int, bytes] = {}
 
-    def match(self, scope: Scope) -> tuple[str, PublishHandler] | None:
-        """The app id and handler for an HTTP ``scope`` served here, else None."""
+    @property
+    def body_timeout(self) -> float:
+        """Seconds a request body may take to arrive (``body_timeout``)."""
+        return self._api.body_timeout
+
+    def match(self, scope: Scope) -> tuple[str, str] | None:
+        """The app id and route (``"events"`` or ``"batch_events"``) of an HTTP
+        ``scope`` served here, else None."""
         if scope["method"] != "POST" or scope.get("root_path"):
             return None
         found = _PUBLISH_PATH.fullmatch(scope["path"])
         if found is None:
             return None
-        return found.group(1), self._handlers[found.group(2)]
+        return found.group(1), found.group(2)
+
+    def route(self, path: str) -> _Post | None:
+        """The ``POST`` to ``path`` if served here (see
+        :class:`~broadcaster.transport.NativePosts`)."""
+        found = _PUBLISH_PATH.fullmatch(path)
+        if found is None:
+            return None
+        return _Post(self, found.group(1), found.group(2), path)
+
+    def too_slow(self) -> Answer:
+        """The 408 answer to a body that did not arrive within ``body_timeout``."""
+        refused = self._body.too_slow()
+        return _refused(ApiError(refused.status, refused.message))
+
+    def app(self, app_id: str) -> AppConfig:
+        """The app named in the path.
+
+        Raises:
+            ApiError: 404, no such app.
+        """
+        app = self._api.node.app_by_id(app_id)
+        if app is None:
+            raise ApiError(404, f"no app with id {excerpt(app_id)}")
+        return app
+
+    def check_length(self, declared: str) -> None:
+        """Refuse a declared body over ``max_request_bytes`` before reading it.
+
+        Raises:
+            ApiError: 413.
+        """
+        try:
+            self._body.check_length(declared)
+        except BodyRefused as exc:
+            raise ApiError(exc.status, exc.message) from None
+
+    def answer(
+        self, app: AppConfig, route: str, path: str, query: bytes, body: bytes
+    ) -> Answer | _Publishing:
+        """The answer to a whole request, or the publication it waits for: the
+        signature (401/403), validation (400/413), then publication (503)."""
+        try:
+            verify_request(app, "POST", path, _query(query), body, time.time())
+            if route == _EVENTS:
+                return self._events(app, body)
+            return self._batch(app, body)
+        except ApiError as exc:
+            return _refused(exc)
+        except BackendUnavailable as exc:
+            return _unavailable(exc)
+
+    def _events(self, app: AppConfig, body: bytes) -> _Publishing:
+        trigger = http_models.parse_trigger(body, app)
+        if trigger.info:  # asks for channel counts: more round trips, in a task
+            return _Publishing(asyncio.ensure_future(self._api.trigger(app, trigger)))
+        event = (trigger.channels, trigger.name, trigger.data, trigger.socket_id)
+        return _Publishing(self._api.node.start_publish_batch(app.id, [event]), _EMPTY)
+
+    def _batch(self, app: AppConfig, body: bytes) -> _Publishing:
+        batch = http_models.parse_batch(body, app)
+        if any(trigger.info for trigger in batch):
+            return _Publishing(asyncio.ensure_future(self._api.batch(app, batch)))
+        events = [(t.channels, t.name, t.data, t.socket_id) for t in batch]
+        done = self._api.node.start_publish_batch(app.id, events)
+        return _Publishing(done, self._batch_answer(len(batch)))
+
+    def _batch_answer(self, size: int) -> bytes:
+        known = self._batch_answers.get(size)
+        if known is None:
+            known = self._batch_answers[size] = _dumps({"batch": [{}] * size})
+        return known
 
     async def serve(
-        self, scope: Scope, receive: Receive, send: Send, app_id: str, handler: PublishHandler
+        self, scope: Scope, receive: Receive, send: Send, app_id: str, route: str
     ) -> None:
-        """Answer one request that :meth:`match` accepted."""
-        api = self._api
+        """Answer one request that :meth:`match` accepted, as an ASGI application."""
         started = False
 
-        async def respond(status: int, body: bytes) -> None:
+        async def respond(answer: Answer) -> None:
             nonlocal started
             started = True
-            headers = [(b"content-length", str(len(body)).encode()), *_JSON]
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
+            headers = [(b"content-length", str(len(answer.body)).encode()), *_JSON]
+            await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+            await send({"type": "http.response.body", "body": answer.body})
 
         try:
             try:
-                app = api.node.app_by_id(app_id)
-                if app is None:
-                    raise ApiError(404, f"no app with id {excerpt(app_id)}")
+                app = self.app(app_id)
                 try:
                     body = await self._body.read(scope["headers"], receive)
                 except BodyRefused as exc:
                     raise ApiError(exc.status, exc.message) from None
-                query = _query(scope["query_string"])
-                verify_request(app, "POST", scope["path"], query, body, time.time())
-                result = await handler(app, body)
             except ApiError as exc:
-                await respond(exc.status, _dumps(exc.body()))
-                return
-            except BackendUnavailable as exc:
-                error = {"error": f"the backend is unavailable: {exc}; retry later", "status": 503}
-                await respond(503, _dumps(error))
+                await respond(_refused(exc))
                 return
             except ClientDisconnect:
                 return  # gone before the end of its body: nobody to answer
-            await respond(200, _dumps(result) if result else _EMPTY)
+            outcome = self.answer(app, route, scope["path"], scope["query_string"], body)
+            if isinstance(outcome, _Publishing):
+                with contextlib.suppress(Exception):  # the answer says how it ended
+                    await outcome.done
+                outcome = outcome.answer()
+            await respond(outcome)
         except Exception:
             # As Starlette's ServerErrorMiddleware: a plain 500, and uvicorn logs the error.
             if not started:
-                body = b"Internal Server Error"
+                body = SERVER_ERROR.body
                 headers = [
                     (b"content-length", str(len(body)).encode()),
-                    (b"content-type", b"text/plain; charset=utf-8"),
+                    (b"content-type", SERVER_ERROR.content_type),
                 ]
                 await send({"type": "http.response.start", "status": 500, "headers": headers})
                 await send({"type": "http.response.body", "body": body})
             raise
+
+
+class _Post:
+    """One ``POST`` to a publish route, as the HTTP protocol serves it natively
+    (:class:`~broadcaster.transport.NativePost`)."""
+
+    __slots__ = ("_app", "_app_id", "_fast", "_path", "_route")
+
+    def __init__(self, fast: PublishFastPath, app_id: str, route: str, path: str) -> None:
+        self._fast = fast
+        self._app_id = app_id
+        self._route = route
+        self._path = path
+        self._app: AppConfig | None = None
+
+    @property
+    def body_timeout(self) -> float:
+        return self._fast.body_timeout
+
+    def refusal(self, content_length: str) -> Answer | None:
+        try:
+            self._app = self._fast.app(self._app_id)
+            self._fast.check_length(content_length)
+        except ApiError as exc:
+            return _refused(exc)
+        return None
+
+    def too_slow(self) -> Answer:
+        return self._fast.too_slow()
+
+    def answer(self, query: bytes, body: bytes) -> Answer | _Publishing:
+        assert self._app is not None, "refusal() first"
+        return self._fast.answer(self._app, self._route, self._path, query, body)
+
+
+class _Publishing:
+    """A publication handed to the backend, and the answer once it is done
+    (:class:`~broadcaster.transport.Pending`): ``ok`` for success, or the JSON of the
+    future's result."""
+
+    __slots__ = ("_ok", "done")
+
+    def __init__(self, done: asyncio.Future[Any], ok: bytes | None = None) -> None:
+        self.done = done
+        self._ok = ok
+
+    def answer(self) -> Answer:
+        try:
+            result = self.done.result()
+        except ApiError as exc:
+            return _refused(exc)
+        except BackendUnavailable as exc:
+            return _unavailable(exc)
+        if self._ok is not None:
+            return Answer(200, self._ok)
+        return Answer(200, _dumps(result) if result else _EMPTY)
+
+
+def _refused(exc: ApiError) -> Answer:
+    return Answer(exc.status, _dumps(exc.body()))
+
+
+def _unavailable(exc: BackendUnavailable) -> Answer:
+    error = {"error": f"the backend is unavailable: {exc}; retry later", "status": 503}
+    return Answer(503, _dumps(error))
 
 
 def _query(raw: bytes) -> dict[str, str]:

@@ -97,7 +97,7 @@ class BodyReader:
         """
         for name, value in headers:
             if name == b"content-length":  # the first one, as Request.headers.get
-                _check_declared(value.decode("latin-1"), self.limit)
+                self.check_length(value.decode("latin-1"))
                 break
         loop = asyncio.get_running_loop()
         task = asyncio.current_task(loop)
@@ -116,6 +116,18 @@ class BodyReader:
         finally:
             del self._reading[task]
             self._expired.discard(task)
+
+    def check_length(self, declared: str) -> None:
+        """Refuse a declared ``Content-Length`` over the limit before reading the body.
+
+        Raises:
+            BodyRefused: 413, as :func:`read_body`.
+        """
+        _check_declared(declared, self.limit)
+
+    def too_slow(self) -> BodyRefused:
+        """The refusal of a body that did not arrive within ``within`` (408)."""
+        return _too_slow(self.within)
 
     def _expire(self) -> None:
         # A task still listed is suspended in read() (it leaves the list as soon as its

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -424,6 +425,31 @@ class Node:
                 for channel in channels
             ]
         )
+
+    def start_publish_batch(
+        self, app_id: str, events: Sequence[tuple[Sequence[str], str, str, str | None]]
+    ) -> asyncio.Future[Any]:
+        """:meth:`publish_batch` for a caller that waits with a callback rather than a
+        task (the HTTP protocol serving the publish routes itself): every publication is
+        handed to the backend before this returns, in order, and the future is done once
+        all are published.
+
+        Raises:
+            BackendUnavailable: (from the future) as :meth:`publish_batch`.
+        """
+        started = [
+            self.backend.publish(Publication(app_id, channel, event, data, exclude_socket_id))
+            for channels, event, data, exclude_socket_id in events
+            for channel in channels
+        ]
+        # A Redis publish is a future already: one publication needs no gathering.
+        done = asyncio.ensure_future(started[0]) if len(started) == 1 else asyncio.gather(*started)
+        done.add_done_callback(functools.partial(self._count_publishes, len(started)))
+        return done
+
+    def _count_publishes(self, count: int, done: asyncio.Future[Any]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            self.metrics.http_publishes += count
 
     async def _publish_all(self, publications: list[Publication]) -> list[Position | None]:
         if len(publications) == 1:  # the usual case: nothing for gather to do

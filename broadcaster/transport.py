@@ -3,21 +3,29 @@
 A :class:`~broadcaster.connection.Connection` writes pre-built frames to a
 :class:`RawSocket` when the server runs the fast path (:mod:`broadcaster._uvicorn`, a
 subclass of a private uvicorn class), and a :class:`Sessions` serves WebSocket paths
-natively under it. Nothing here imports uvicorn: the node, the connections and the
-WebSocket endpoint depend on these types only, so a uvicorn release that breaks the
-fast path cannot break ``import broadcaster.node``; the server then falls back to the
-plain ASGI path (see :mod:`broadcaster._compat`).
+natively under it; :class:`NativePosts` serves POST routes natively under the HTTP
+protocol (:mod:`broadcaster._guard`). Nothing here imports uvicorn: the node, the
+connections, the WebSocket endpoint and the HTTP API depend on these types only, so a
+uvicorn release that breaks the fast path cannot break ``import broadcaster.node``; the
+server then falls back to the plain ASGI path (see :mod:`broadcaster._compat`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 __all__ = [
     "EXTENSION",
+    "POSTS_STATE",
+    "SERVER_ERROR",
     "SESSIONS_STATE",
+    "Answer",
+    "NativePost",
+    "NativePosts",
     "NativeSocket",
+    "Pending",
     "RawSocket",
     "ReportsLoss",
     "Session",
@@ -29,6 +37,9 @@ EXTENSION = "broadcaster.raw_socket"
 
 SESSIONS_STATE = "broadcaster_sessions"
 """The key of the :class:`Sessions` in the application's lifespan state."""
+
+POSTS_STATE = "broadcaster_posts"
+"""The key of the :class:`NativePosts` in the application's lifespan state."""
 
 
 class RawSocket(Protocol):
@@ -108,3 +119,65 @@ class ReportsLoss(Protocol):
     path does; the connection guard then gives the address's slot back through it)."""
 
     on_lost: Callable[[], None] | None
+
+
+class Answer(NamedTuple):
+    """The whole answer to a natively served request (its JSON body, or another body of
+    ``content_type``); the protocol adds the status line and its own headers."""
+
+    status: int
+    body: bytes
+    content_type: bytes = b"application/json"
+
+
+SERVER_ERROR = Answer(500, b"Internal Server Error", b"text/plain; charset=utf-8")
+"""The answer to a request that failed on a bug (as Starlette's ``ServerErrorMiddleware``
+gives it); the connection is closed after it."""
+
+
+class Pending(Protocol):
+    """An answer that waits for ``done`` (e.g. a publication handed to the backend)."""
+
+    @property
+    def done(self) -> asyncio.Future[Any]:
+        """Done when the answer is known."""
+        ...
+
+    def answer(self) -> Answer:
+        """The answer, once ``done`` is done."""
+        ...
+
+
+class NativePost(Protocol):
+    """One ``POST`` that :class:`NativePosts` serves, step by step as it arrives."""
+
+    @property
+    def body_timeout(self) -> float:
+        """Seconds the body may take to arrive, from the end of the request head."""
+        ...
+
+    def refusal(self, content_length: str) -> Answer | None:
+        """The answer to give before the body is read (an unknown app, a declared body
+        over the limit), else None; ``content_length`` as sent."""
+        ...
+
+    def too_slow(self) -> Answer:
+        """The answer to a body that did not arrive within :attr:`body_timeout`."""
+        ...
+
+    def answer(self, query: bytes, body: bytes) -> Answer | Pending:
+        """The answer to the whole request (``query`` as sent, without ``?``)."""
+        ...
+
+
+class NativePosts(Protocol):
+    """Serves ``POST`` paths natively, without ASGI (the HTTP API's publish routes).
+
+    The HTTP protocol asks only about requests that ASGI would hand to the application
+    unchanged (see :class:`broadcaster._guard.GuardedHttpProtocol`); every other request
+    goes to the ASGI application as before.
+    """
+
+    def route(self, path: str) -> NativePost | None:
+        """The ``POST`` to ``path`` (as sent, without ``%`` escapes) if served here."""
+        ...

@@ -13,6 +13,7 @@ import inspect
 import textwrap
 
 import pytest
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from broadcaster import _compat, _guard, _uvicorn
 from broadcaster._compat import GUARD, WEBSOCKET, Contract
@@ -110,3 +111,38 @@ def test_instance_attributes_are_read_from_every_base() -> None:
 @pytest.mark.parametrize("contract", [*WEBSOCKET, *GUARD], ids=lambda c: c.cls)
 def test_every_named_method_is_callable_on_the_installed_class(contract: Contract) -> None:
     assert contract.problems() == []
+
+
+def test_a_native_cycle_has_everything_uvicorn_reads_of_the_protocols_cycle() -> None:
+    """A natively served request stands in as the protocol's ``cycle``: every name that
+    uvicorn's protocol reads or writes there (but in ``on_body`` and
+    ``on_message_complete``, which the guard keeps from native cycles) exists on it, and
+    the contract names them."""
+    base = HttpToolsProtocol
+    tree = ast.parse(textwrap.dedent(inspect.getsource(base)))
+    used: set[str] = set()
+    for function in ast.walk(tree):
+        if not isinstance(function, ast.FunctionDef) or function.name in (
+            "on_body",
+            "on_message_complete",
+        ):
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, ast.Attribute) and _is_cycle(node.value):
+                used.add(node.attr)
+    assert "response_complete" in used  # the walk finds them
+    native = set(_guard._NativeCycle.__slots__) | set(vars(_guard._NativeCycle))
+    assert used - native == set()
+    assert used - _names(GUARD, "RequestResponseCycle") == set()
+
+
+def _is_cycle(node: ast.expr) -> bool:
+    """``self.cycle`` or ``existing_cycle`` (what uvicorn calls the previous one)."""
+    if isinstance(node, ast.Name):
+        return node.id == "existing_cycle"
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "cycle"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+    )
