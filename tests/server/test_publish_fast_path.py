@@ -79,7 +79,7 @@ class Exchange:
         self,
         path: str,
         body: bytes,
-        query: bytes | None = None,
+        query: bytes | Callable[[], bytes] | None = None,
         chunks: Sequence[bytes] | None = None,
         headers: Sequence[tuple[bytes, bytes]] = (),
         stall: bool = False,
@@ -87,11 +87,20 @@ class Exchange:
     ) -> None:
         self.path = path
         self.body = body
-        self.query = _signed(path, body) if query is None else query
+        # Signed when used (None: as it should be; a callable: as it makes it): a
+        # timestamp made at collection time can be over 600 s old when a long suite
+        # gets to the test.
+        self._query = query
         self.chunks = list(chunks) if chunks is not None else [body]
         self.headers = list(headers)
         self.stall = stall  # the body never ends
         self.disconnect = disconnect  # the client goes away after the chunks
+
+    @property
+    def query(self) -> bytes:
+        if self._query is None:
+            return _signed(self.path, self.body)
+        return self._query() if callable(self._query) else self._query
 
     async def run(self, app: Any) -> list[Message]:
         chunks = list(self.chunks)
@@ -148,7 +157,7 @@ def _event(**fields: Any) -> bytes:
 
 ERRORS: dict[str, tuple[Exchange, int, str]] = {
     "unknown app": (
-        Exchange("/apps/nope/events", _event(), _signed("/apps/nope/events", _event())),
+        Exchange("/apps/nope/events", _event(), lambda: _signed("/apps/nope/events", _event())),
         404,
         "no app with id 'nope'",
     ),
@@ -177,9 +186,13 @@ ERRORS: dict[str, tuple[Exchange, int, str]] = {
         "did not arrive within 0.2 s",
     ),
     "no signature": (Exchange(EVENTS, _event(), query=b"auth_key=agent-key"), 401, "missing"),
-    "wrong key": (Exchange(EVENTS, _event(), _signed(EVENTS, _event(), auth_key="x")), 401, "key"),
+    "wrong key": (
+        Exchange(EVENTS, _event(), lambda: _signed(EVENTS, _event(), auth_key="x")),
+        401,
+        "key",
+    ),
     "bad signature": (
-        Exchange(EVENTS, _event(), _signed(EVENTS, _event(), auth_signature="0" * 64)),
+        Exchange(EVENTS, _event(), lambda: _signed(EVENTS, _event(), auth_signature="0" * 64)),
         401,
         "invalid auth_signature",
     ),
@@ -193,7 +206,7 @@ ERRORS: dict[str, tuple[Exchange, int, str]] = {
         "behind server time",
     ),
     "wrong body_md5": (
-        Exchange(EVENTS, _event(), _signed(EVENTS, b"other")),
+        Exchange(EVENTS, _event(), lambda: _signed(EVENTS, b"other")),
         401,
         "body_md5",
     ),
