@@ -511,6 +511,73 @@ class PubSubReader(asyncio.Protocol):
             self._transport.abort()
 
 
+class ReplyReader(PubSubReader):
+    """Reads a command connection's replies in order and hands them over in batches:
+    :meth:`expect` a number of replies, :meth:`write` the packed commands, await the
+    list. No stream buffer, coroutine or await per reply (the publications' connection,
+    :meth:`RedisBackend._pipeline`). An error reply is its command's reply, as a
+    ``ResponseError`` (``NoScriptError`` for NOSCRIPT); a lost or unreadable connection
+    fails every batch still waiting."""
+
+    def __init__(self) -> None:
+        super().__init__(self._unexpected)
+        self._waiting: deque[tuple[int, list[Any], asyncio.Future[list[Any]]]] = deque()
+
+    def expect(self, count: int) -> asyncio.Future[list[Any]]:
+        """A future of the next ``count`` replies (after those expected before)."""
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        if self.lost.done():
+            future.set_exception(RedisConnectionError(f"connection lost: {self.lost.result()}"))
+        else:
+            self._waiting.append((count, [], future))
+        return future
+
+    def write(self, data: bytes) -> None:
+        """Send ``data`` (packed commands) on the connection."""
+        if self._transport is None:
+            raise RedisConnectionError("the connection is closed")
+        self._transport.write(data)
+
+    def data_received(self, data: bytes) -> None:
+        parser = self._parser
+        waiting = self._waiting
+        try:
+            parser.feed(data)
+            while (reply := parser.gets()) is not False:
+                if not waiting:
+                    raise hiredis.ProtocolError(f"a reply nobody waits for: {reply!r:.80}")
+                count, replies, future = waiting[0]
+                if isinstance(reply, hiredis.ReplyError):
+                    text = str(reply)
+                    reply = (
+                        NoScriptError(text) if text.startswith("NOSCRIPT") else ResponseError(text)
+                    )
+                replies.append(reply)
+                if len(replies) == count:
+                    waiting.popleft()
+                    if not future.done():  # not cancelled meanwhile
+                        future.set_result(replies)
+        except hiredis.ProtocolError as exc:
+            self._fail(RedisConnectionError(f"unreadable reply: {exc}"))
+
+    def _unexpected(self, reply: Any) -> None:  # pragma: no cover - data_received reads
+        raise AssertionError("ReplyReader hands replies to the batches that expect them")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._fail_waiting(self.lost.result())
+
+    def _fail(self, exc: BaseException) -> None:
+        super()._fail(exc)
+        self._fail_waiting(exc)
+
+    def _fail_waiting(self, exc: BaseException) -> None:
+        waiting, self._waiting = self._waiting, deque()
+        for _, _, future in waiting:
+            if not future.done():
+                future.set_exception(RedisConnectionError(f"connection lost: {exc}"))
+
+
 def take_over(conn: AbstractConnection, reader: PubSubReader) -> None:
     """Make ``reader`` read the connected redis-py connection ``conn`` (its writes still
     go through redis-py). Call it before sending anything whose reply is awaited.
@@ -671,7 +738,7 @@ class RedisBackend:
         self._batch_expired = False
         self._watchdog: asyncio.TimerHandle | None = None
         # The publications' own connection (no socket timeout: one deadline per batch).
-        self._publisher: AbstractConnection | None = None
+        self._publisher: tuple[AbstractConnection, ReplyReader] | None = None
 
     @property
     def node_id(self) -> str:
@@ -892,16 +959,20 @@ class RedisBackend:
                 calls.append(None)
                 name = publication_channel(self.prefix, p.app_id, p.channel)
                 commands.append(("PUBLISH", name, encode_publication(p)))
-        conn = self._publisher
-        if conn is None:
-            conn = self._publisher = self._new_publish_connection()
-        await conn.send_packed_command(pack_commands(commands), check_health=False)
-        replies: list[Any] = []
-        for _ in commands:
+        if self._publisher is None:
+            conn = self._new_publish_connection()
             try:
-                replies.append(await conn.read_response())
-            except ResponseError as exc:  # that command's error; the others stand
-                replies.append(exc)
+                await conn.connect()  # type: ignore[no-untyped-call]
+                reader = ReplyReader()
+                take_over(conn, reader)
+            except BaseException:
+                await conn.disconnect(nowait=True)
+                raise
+            self._publisher = (conn, reader)
+        reader = self._publisher[1]
+        waiter = reader.expect(len(commands))  # each command's error is its reply
+        reader.write(pack_commands(commands))
+        replies = await waiter
         if mixed:
             replies = replies[1:]
         results: list[Any] = []
@@ -921,7 +992,7 @@ class RedisBackend:
         kwargs = dict(self._connect_kwargs)
         connection_class = kwargs.pop("connection_class", Connection)
         # No socket timeout: each batch has one deadline (_publish_batch) instead of a
-        # timer per write and per reply. Connected on its first command.
+        # timer per write and per reply. Read by a ReplyReader once connected.
         kwargs.update(
             protocol=2,
             socket_timeout=None,
@@ -934,10 +1005,10 @@ class RedisBackend:
     async def _drop_publisher(self) -> None:
         """Close the publications' connection; the next batch opens a new one (to the
         address of the day, after a reconnection or a Sentinel failover)."""
-        conn, self._publisher = self._publisher, None
-        if conn is not None:
+        publisher, self._publisher = self._publisher, None
+        if publisher is not None:
             with contextlib.suppress(*_ERRORS):
-                await conn.disconnect(nowait=True)
+                await publisher[0].disconnect(nowait=True)
 
     async def store_value(self, app_id: str, key: str, value: bytes, ttl: float) -> None:
         """See :meth:`broadcaster.backends.base.Backend.store_value`."""

@@ -10,9 +10,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.connection import Connection, parse_url
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
 
 from broadcaster.backends.base import BackendUnavailable
-from broadcaster.backends.redis import RedisBackend
+from broadcaster.backends.redis import RedisBackend, ReplyReader, pack_commands, take_over
 from broadcaster.publication import Position, Publication
 from tests.backends.helpers import APP, Node, eventually
 from tests.support.processes import RedisServer
@@ -90,3 +93,40 @@ async def test_a_batch_redis_does_not_answer_fails_at_its_deadline_and_the_next_
         await eventually(lambda: "9" in [p.data for p in started.on("t")], "the publication")
     finally:
         await backend.stop()
+
+
+async def test_the_reply_reader_hands_each_batch_its_replies_and_fails_them_when_lost(
+    redis_server: RedisServer,
+) -> None:
+    """The publications' connection is read by a ReplyReader: replies go to the batches
+    in order, a command's error is its own reply, and a lost connection fails every
+    batch still waiting (nothing waits for ever)."""
+    conn = Connection(**parse_url(redis_server.url))
+    await conn.connect()  # type: ignore[no-untyped-call]
+    reader = ReplyReader()
+    take_over(conn, reader)
+    key = f"test-{uuid.uuid4().hex[:12]}"
+    first = reader.expect(3)
+    second = reader.expect(2)
+    reader.write(
+        pack_commands(
+            [("SET", key, "1"), ("HGET", key, "x"), ("EVALSHA", "0" * 40, 0), ("INCR", key)]
+        )
+    )
+    reader.write(pack_commands([("GET", key)]))
+    ok, wrong_type, no_script = await first
+    assert ok == b"OK"
+    assert isinstance(wrong_type, ResponseError)
+    assert "WRONGTYPE" in str(wrong_type)
+    assert isinstance(no_script, NoScriptError)
+    assert await second == [2, b"2"]
+    pending = reader.expect(1)
+    async with Redis.from_url(redis_server.url) as admin:
+        reader.write(pack_commands([("BLPOP", f"{key}:never", 0)]))  # no answer soon
+        await asyncio.sleep(0.05)
+        await admin.client_kill_filter(_type="normal", skipme=True)
+    with pytest.raises(RedisConnectionError, match="connection lost"):
+        await asyncio.wait_for(pending, 5)
+    with pytest.raises(RedisConnectionError, match="connection lost"):
+        await reader.expect(1)
+    await conn.disconnect(nowait=True)
