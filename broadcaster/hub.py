@@ -356,10 +356,7 @@ class Hub:
             if conn.socket_id != exclude_socket_id:
                 conn.send(message)
                 sent += 1
-        metrics = self._metrics
-        metrics.publications += 1
-        metrics.messages_out += sent
-        self._observe_after_flush(started)
+        self._delivered(sent, started)
 
     def _take(
         self, key: _Key, entry: _Channel, publication: Publication, filled: Position | None
@@ -430,10 +427,7 @@ class Hub:
             if conn.socket_id != exclude:
                 conn.send(message)
                 sent += 1
-        metrics = self._metrics
-        metrics.publications += 1
-        metrics.messages_out += sent
-        self._observe_after_flush(started)
+        self._delivered(sent, started)
 
     def _past_seam(
         self,
@@ -603,9 +597,14 @@ class Hub:
         for conn in list(entry.subscribers):
             conn.close(ErrorCode.OVER_CAPACITY, "missed publications: reconnect and resume")
 
-    def _observe_after_flush(self, started: float) -> None:
-        # One callback per tick, after the Delivery flush of this tick (call_soon
-        # callbacks run in order), observes every publication delivered in the tick.
+    def _delivered(self, sent: int, started: float) -> None:
+        """Count a publication fanned out to ``sent`` connections since ``started``.
+
+        One callback per tick, after the Delivery flush of this tick (call_soon
+        callbacks run in order), observes every publication delivered in the tick."""
+        metrics = self._metrics
+        metrics.publications += 1
+        metrics.messages_out += sent
         starts = self._starts
         starts.append(started)
         if len(starts) == 1:

@@ -8,6 +8,7 @@ import logging
 import signal
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -372,61 +373,66 @@ def test_names_that_cannot_be_routed_are_refused_when_publishing() -> None:
             encode_publication(bad)
 
 
+@dataclass
+class EncodedNode:
+    """A Redis backend started with an ``on_encoded`` handler, what each handler got, and
+    a plain client on the same Redis."""
+
+    backend: RedisBackend
+    client: Redis
+    encoded: list[tuple[str, str, Position | None, str | None, bytes]]
+    objects: list[Publication]
+
+
+@pytest.fixture
+async def encoded_node(redis_server: RedisServer) -> AsyncIterator[EncodedNode]:
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    backend = RedisBackend(redis_server.url, prefix=prefix, apps=(APP,))
+    node = EncodedNode(backend, Redis.from_url(redis_server.url), [], [])
+    await backend.start(
+        node.objects.append, lambda app, message: None, lambda *a: node.encoded.append(a)
+    )
+    await backend.subscribe(APP, "chat")
+    yield node
+    await node.client.aclose()
+    await backend.stop()
+
+
 async def test_published_payloads_carry_the_position_in_header_and_frame(
-    redis_server: RedisServer,
+    encoded_node: EncodedNode,
 ) -> None:
     """The publish script writes the position into the header and the frame; a node
     gets the frame undecoded, byte for byte what ``channel_event`` makes with it, and
     the history keeps the same payload."""
-    prefix = f"test-{uuid.uuid4().hex[:12]}"
-    got: list[tuple[str, str, Position | None, str | None, bytes]] = []
-    objects: list[Publication] = []
-    backend = RedisBackend(redis_server.url, prefix=prefix, apps=(APP,))
-    await backend.start(objects.append, lambda app, message: None, lambda *a: got.append(a))
-    client = Redis.from_url(redis_server.url)
-    try:
-        await backend.subscribe(APP, "chat")
-        first = await backend.publish(pub('{"n":1}'))
-        p = Publication(APP, "chat", "agent.event", '{"n":2}', "9.9", None)
-        second = await publish_via_redis(client, prefix, p)
-        await eventually(lambda: len(got) == 2, "both publications, encoded")
-        assert first is not None
-        assert second == Position(first.offset + 1, first.epoch)
-        for (app_id, channel, position, exclude, frame), data, excluded, at in zip(
-            got, ('{"n":1}', '{"n":2}'), (None, "9.9"), (first, second), strict=True
-        ):
-            assert (app_id, channel, position, exclude) == (APP, "chat", at, excluded)
-            assert frame == protocol.channel_event("agent.event", "chat", data, None, str(at))
-        assert objects == []  # nothing decoded on the way
-        history = await backend.history(APP, "chat", Position(0, first.epoch))
-        assert [h.data for h in history.publications] == ['{"n":1}', '{"n":2}']
-        assert history.publications[1] == Publication(
-            APP, "chat", "agent.event", '{"n":2}', "9.9", None, second
-        )
-    finally:
-        await client.aclose()
-        await backend.stop()
+    node, backend = encoded_node, encoded_node.backend
+    first = await backend.publish(pub('{"n":1}'))
+    p = Publication(APP, "chat", "agent.event", '{"n":2}', "9.9", None)
+    second = await publish_via_redis(node.client, backend.prefix, p)
+    await eventually(lambda: len(node.encoded) == 2, "both publications, encoded")
+    assert first is not None
+    assert second == Position(first.offset + 1, first.epoch)
+    for (app_id, channel, position, exclude, frame), data, excluded, at in zip(
+        node.encoded, ('{"n":1}', '{"n":2}'), (None, "9.9"), (first, second), strict=True
+    ):
+        assert (app_id, channel, position, exclude) == (APP, "chat", at, excluded)
+        assert frame == protocol.channel_event("agent.event", "chat", data, None, str(at))
+    assert node.objects == []  # nothing decoded on the way
+    history = await backend.history(APP, "chat", Position(0, first.epoch))
+    assert [h.data for h in history.publications] == ['{"n":1}', '{"n":2}']
+    assert history.publications[1] == Publication(
+        APP, "chat", "agent.event", '{"n":2}', "9.9", None, second
+    )
 
 
 async def test_a_node_still_delivers_format_1_publications_of_older_publishers(
-    redis_server: RedisServer,
+    encoded_node: EncodedNode,
 ) -> None:
-    prefix = f"test-{uuid.uuid4().hex[:12]}"
-    got: list[Any] = []
-    objects: list[Publication] = []
-    backend = RedisBackend(redis_server.url, prefix=prefix, apps=(APP,))
-    await backend.start(objects.append, lambda app, message: None, lambda *a: got.append(a))
-    client = Redis.from_url(redis_server.url)
-    try:
-        await backend.subscribe(APP, "chat")
-        v1 = f'[1,"{APP}","chat","ev","{{}}",null,null,3,"e1"]'
-        await client.publish(publication_channel(prefix, APP, "chat"), v1)
-        await eventually(lambda: bool(objects), "the format 1 publication")
-        assert objects == [Publication(APP, "chat", "ev", "{}", None, None, Position(3, "e1"))]
-        assert got == []
-    finally:
-        await client.aclose()
-        await backend.stop()
+    node = encoded_node
+    v1 = f'[1,"{APP}","chat","ev","{{}}",null,null,3,"e1"]'
+    await node.client.publish(publication_channel(node.backend.prefix, APP, "chat"), v1)
+    await eventually(lambda: bool(node.objects), "the format 1 publication")
+    assert node.objects == [Publication(APP, "chat", "ev", "{}", None, None, Position(3, "e1"))]
+    assert node.encoded == []
 
 
 async def test_a_malformed_message_is_dropped_and_delivery_goes_on(
@@ -664,7 +670,7 @@ async def test_agents_publish_many_in_order_after_a_script_flush_and_see_refusal
             await publish_many_via_redis(client, prefix, [pub(channel="s0"), pub(channel="broken")])
         after = await publish_many_via_redis(client, prefix, [pub(channel="s0")])
         assert after[0].offset == 6  # the one before the refused one was published
-        history = await client.xrange(f"{prefix}:{APP}:stream:s0")
+        history: Any = await client.xrange(f"{prefix}:{APP}:stream:s0")
         assert [decode_publication(f[b"p"]).data for _, f in history][-1] == "{}"
     finally:
         await client.aclose()
