@@ -749,7 +749,11 @@ async def test_the_access_log_names_natively_served_requests_as_uvicorn_does(
     for native, routed in zip(lines[:3], lines[3:], strict=True):
         assert isinstance(native, tuple)
         assert isinstance(routed, tuple)
-        assert native[1:] == routed[1:]
+        # The same line but for the query's signature, which is made per request (its
+        # timestamp may be a second apart).
+        assert native[1::2] == routed[1::2]  # method, version
+        assert native[2].partition("?")[0] == routed[2].partition("?")[0]
+        assert native[4] == routed[4]
         assert native[0].rpartition(":")[0] == routed[0].rpartition(":")[0]
     assert [line[0].rpartition(":")[0] for line in lines[:3]] == ["127.0.0.1"] * 2 + ["10.1.2.3"]  # type: ignore[index]
     assert [line[4] for line in lines[:3]] == [200, 404, 200]  # type: ignore[index]
