@@ -77,10 +77,12 @@ class _Application(Starlette):
 
 def _routes(node: Node, settings: Settings, extra: list[BaseRoute]) -> list[BaseRoute]:
     async def ready(request: Request) -> Response:
-        """Readiness: 200 while the backend is connected, else 503."""
+        """Readiness: 200 while the backend is connected and takes writes, else 503
+        saying why (``disconnected``, ``refuses writes (READONLY ...)``, ``stopped``)."""
         if node.ready:
             return JSONResponse({"status": "ready"})
-        return JSONResponse({"status": "unavailable", "backend": "disconnected"}, 503)
+        problem = node.backend.problem or "disconnected"
+        return JSONResponse({"status": "unavailable", "backend": problem}, 503)
 
     async def metrics(request: Request) -> Response:
         return Response(node.metrics.render(), media_type=CONTENT_TYPE)

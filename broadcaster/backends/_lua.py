@@ -78,8 +78,10 @@ local meta = redis.call('HMGET', KEYS[1], 'e', 'r')
 local epoch = meta[1]
 if not epoch or (meta[2] and meta[2] ~= replid) then
   epoch = NEW_EPOCH
-  redis.call('DEL', KEYS[2])
+  -- HSET first: a script's first write is the one Redis refuses when out of memory
+  -- (maxmemory), and DEL is not refused.
   redis.call('HSET', KEYS[1], 'e', epoch, 'o', 0, 'r', replid)
+  redis.call('DEL', KEYS[2])
   redis.call('PEXPIRE', KEYS[1], META_TTL)
 elseif not meta[2] then
   redis.call('HSET', KEYS[1], 'r', replid)

@@ -126,6 +126,11 @@ class Broker(Protocol):
         ...
 
     @property
+    def problem(self) -> str | None:
+        """Why the backend is not ready, in a few words (None while it is ready)."""
+        ...
+
+    @property
     def reconnects(self) -> int:
         """How many times the backend reconnected since it started (0 for one that
         cannot lose its connection). The node fills every channel's gap after a change."""

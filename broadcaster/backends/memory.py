@@ -121,6 +121,10 @@ class MemoryBackend:
     def ready(self) -> bool:
         return self._ready
 
+    @property
+    def problem(self) -> str | None:
+        return None if self._ready else "stopped"
+
     async def start(
         self,
         on_publication: PublicationHandler,

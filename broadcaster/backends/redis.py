@@ -63,7 +63,14 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.connection import AbstractConnection, Connection, parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import AuthenticationError, NoScriptError, RedisError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -113,6 +120,14 @@ _POOL_WAIT = 10  # command timeouts a command may wait for a free connection
 _PROBE_INTERVAL = 1.0  # seconds between readiness PINGs (at once after a failed command)
 # Failures that mean Redis did not answer (rather than refused a command).
 _UNANSWERED = (RedisTimeoutError, RedisConnectionError, OSError)
+# Error replies that say this Redis takes no writes now, whatever the command: a replica
+# (demoted primary, or the URL names one), out of memory, a failed snapshot with
+# stop-writes-on-bgsave-error, loading its data set, min-replicas-to-write unmet, a
+# cluster without all its slots. The node is not ready until a write goes through.
+_REFUSALS = frozenset(
+    ("READONLY", "OOM", "MISCONF", "LOADING", "MASTERDOWN", "NOREPLICAS", "CLUSTERDOWN")
+)
+_PROBE_TTL_MS = 10_000  # the write-probe key's lifetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -703,6 +718,7 @@ class RedisBackend:
             retry=Retry(NoBackoff(), 0),
         )
         self._responsive = True  # False from a failed command until a PING answers
+        self._refusing: str | None = None  # an error reply refusing writes, until one passes
         self._suspect = asyncio.Event()
         self._ready = False
         self._stopped = True
@@ -746,10 +762,23 @@ class RedisBackend:
 
     @property
     def ready(self) -> bool:
-        """True while connected and answering: a command that failed for want of an
-        answer (timeout, lost connection) makes it False at once, until a PING on a
-        connection of its own answers again (probed every ``probe_interval``)."""
-        return self._ready and self._responsive
+        """True while connected, answering and taking writes: a command that failed for
+        want of an answer (timeout, lost connection) makes it False at once, until a PING
+        on a connection of its own answers again; an error reply refusing writes
+        (``READONLY``, ``OOM``, ``MISCONF``...) makes it False until a write on that
+        connection goes through (both probed every second)."""
+        return self._ready and self._responsive and self._refusing is None
+
+    @property
+    def problem(self) -> str | None:
+        """See :meth:`broadcaster.backends.base.Broker.problem`."""
+        if self._stopped:
+            return "stopped"
+        if not (self._ready and self._responsive):
+            return "disconnected"
+        if self._refusing is not None:
+            return f"refuses writes ({self._refusing})"
+        return None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -898,15 +927,22 @@ class RedisBackend:
             results = [exc] * len(batch)
         finally:
             self._batch_deadline = None
+        replica = False  # the connection reached a replica: follow the primary
         for item, result in zip(batch, results, strict=True):
-            if item.done.done():
-                continue  # the caller was cancelled
             if isinstance(result, BaseException):
-                error = self._failed("publish", result)
-                error.__cause__ = result
-                item.done.set_exception(error)
-            else:
+                replica = (
+                    replica
+                    or isinstance(result, ReadOnlyError)
+                    or (isinstance(result, ResponseError) and str(result).startswith("READONLY"))
+                )
+                if not item.done.done():  # else the caller was cancelled
+                    error = self._failed("publish", result)
+                    error.__cause__ = result
+                    item.done.set_exception(error)
+            elif not item.done.done():
                 item.done.set_result(result)
+        if replica:
+            await self._follow_primary()
 
     def _watch_batch(self) -> None:
         """Cancel the batch in flight if its deadline passed; else wait for it."""
@@ -1001,6 +1037,11 @@ class RedisBackend:
         )
         connection: AbstractConnection = connection_class(**kwargs)
         return connection
+
+    async def _follow_primary(self) -> None:
+        """The publications' connection reached a replica (``READONLY``): open a new one
+        for the next batch (the Sentinel backend asks Sentinel again)."""
+        await self._drop_publisher()
 
     async def _drop_publisher(self) -> None:
         """Close the publications' connection; the next batch opens a new one (to the
@@ -1312,7 +1353,16 @@ class RedisBackend:
     def _failed(self, action: str, exc: BaseException) -> BackendUnavailable:
         if isinstance(exc, _UNANSWERED):
             self._unanswered()
+        elif _refusal(exc) is not None:
+            self._refused(exc)
         return BackendUnavailable(f"could not {action} through Redis at {self.url}: {exc}")
+
+    def _refused(self, exc: BaseException) -> None:
+        """An error reply refusing writes: not ready until a write passes (probed now)."""
+        if self._refusing is None:
+            log.warning("Redis at %s refuses writes (%s); not ready", self.url, exc)
+        self._refusing = _refusal(exc)
+        self._suspect.set()
 
     def _unanswered(self) -> None:
         """A command got no answer: not ready until a PING answers (probed now)."""
@@ -1337,14 +1387,25 @@ class RedisBackend:
         try:
             async with asyncio.timeout(self.command_timeout):
                 await self._prober.ping()
+                if self._refusing is not None:  # does it take writes again?
+                    key = f"{self.prefix}:probe:{self._node_id}"
+                    await self._prober.set(key, b"1", px=_PROBE_TTL_MS)
+        except ResponseError as exc:
+            refusal = _refusal(exc)
+            if refusal is not None:
+                self._responsive = True  # it answered, and still refuses writes
+                self._refusing = refusal
+                return
+            log.debug("Redis at %s: the write probe failed (%s)", self.url, exc)
         except (TimeoutError, *_ERRORS) as exc:
             if self._responsive:
                 log.warning("Redis at %s did not answer a PING (%s); not ready", self.url, exc)
             self._responsive = False
             return
-        if not self._responsive:
-            log.info("Redis at %s answers again; ready", self.url)
+        if not self._responsive or self._refusing is not None:
+            log.info("Redis at %s answers and takes writes again; ready", self.url)
         self._responsive = True
+        self._refusing = None
 
     # -- internals: connection ------------------------------------------------------------
 
@@ -1589,6 +1650,8 @@ class RedisBackend:
                 await self._heartbeat()
             except _ERRORS as exc:
                 log.debug("heartbeat failed (%s)", exc)
+                if _refusal(exc) is not None:
+                    self._refused(exc)
 
     async def _heartbeat(self) -> None:
         conn = self._pubsub
@@ -1737,6 +1800,20 @@ class RedisBackend:
             return await release_via_redis(self._client, self.prefix, app_id, key, owner)
         except _ERRORS as exc:
             raise self._failed("release a claim", exc) from exc
+
+
+def _refusal(exc: BaseException) -> str | None:
+    """The error reply, shortened, when ``exc`` is one that refuses every write
+    (``_REFUSALS``); else None. redis-py's own errors lose the code: their class has it."""
+    if isinstance(exc, ReadOnlyError):
+        text = f"READONLY {exc}"
+    elif isinstance(exc, OutOfMemoryError):
+        text = f"OOM {exc}"
+    elif isinstance(exc, ResponseError) and str(exc).partition(" ")[0] in _REFUSALS:
+        text = str(exc)
+    else:
+        return None
+    return text.partition(".")[0][:200]
 
 
 def _give_up(batch: list[tuple[bytes, bytes, asyncio.Future[None]]], reason: str) -> None:

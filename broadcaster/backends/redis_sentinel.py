@@ -132,6 +132,12 @@ class RedisSentinelBackend(RedisBackend):
         self._connect_kwargs.update(host=host, port=port)
         await super()._connect()
 
+    async def _follow_primary(self) -> None:
+        """A demoted primary answered ``READONLY``: reconnect through Sentinel (dropping
+        the pub/sub connection makes the node reconnect, asking for the primary)."""
+        await self._drop_publisher()
+        await self._drop_pubsub()
+
     async def _close_clients(self) -> None:
         for client in (self._client, self._prober):
             with contextlib.suppress(*_ERRORS):

@@ -76,6 +76,61 @@ async def test_losing_redis_makes_the_node_not_ready_and_publish_fail(
         await node.backend.history(APP, "chat", Position(0, "e"))
 
 
+@pytest.mark.parametrize(
+    ("refuse", "allow", "code"),
+    [
+        (("replicaof", "127.0.0.1", "{other}"), ("replicaof", "no", "one"), "READONLY"),
+        (("config", "set", "maxmemory", "1"), ("config", "set", "maxmemory", "0"), "OOM"),
+    ],
+    ids=["demoted-to-replica", "out-of-memory"],
+)
+async def test_a_redis_that_refuses_writes_makes_the_node_not_ready_until_it_takes_them(
+    redis_factory: RedisFactory,
+    cluster: Callable[..., Any],
+    refuse: tuple[str, ...],
+    allow: tuple[str, ...],
+    code: str,
+) -> None:
+    """PING still answers, so only the refusal tells: /ready must not send traffic to a
+    node whose every publish fails. A refused publication is an error, never a success."""
+    redis, other = redis_factory(), redis_factory()
+    node = await cluster(redis.url, command_timeout=1)
+    client = Redis.from_url(redis.url)
+    try:
+        assert await node.backend.publish(pub("before")) is not None
+        await client.execute_command(*(a.format(other=other.port) for a in refuse))
+
+        with pytest.raises(BackendUnavailable, match=code):
+            await node.backend.publish(pub("refused"))
+        assert not node.backend.ready
+        assert (node.backend.problem or "").startswith(f"refuses writes ({code}")
+        await asyncio.sleep(1.5)  # probed meanwhile: still refusing, still not ready
+        assert not node.backend.ready
+
+        await client.execute_command(*allow)
+        await eventually(lambda: node.backend.ready, "ready once Redis takes writes", within=10)
+        assert node.backend.problem is None
+        assert await node.backend.publish(pub("after")) is not None
+    finally:
+        await client.aclose()
+
+
+async def test_a_refusal_seen_by_the_heartbeat_alone_makes_the_node_not_ready(
+    redis_factory: RedisFactory, cluster: Callable[..., Any]
+) -> None:
+    """A node that publishes nothing learns of it from its heartbeat's write."""
+    redis = redis_factory()
+    node = await cluster(redis.url, heartbeat_interval=0.1, command_timeout=1)
+    client = Redis.from_url(redis.url)
+    try:
+        await client.config_set("maxmemory", "1")
+        await eventually(lambda: not node.backend.ready, "the heartbeat to see the refusal")
+        await client.config_set("maxmemory", "0")
+        await eventually(lambda: node.backend.ready, "ready again", within=10)
+    finally:
+        await client.aclose()
+
+
 async def test_a_node_resubscribes_and_restores_its_state_when_redis_comes_back(
     redis_factory: RedisFactory, cluster: Callable[..., Any]
 ) -> None:

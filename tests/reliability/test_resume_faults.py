@@ -41,6 +41,7 @@ from tests.support.processes import (
     ServerProcess,
     require_binary,
 )
+from tests.support.topologies import command
 
 CHANNEL = "agent.resume-fault"
 NODE_DIR = REPO / "tests" / "node"
@@ -82,6 +83,35 @@ async def test_ready_turns_503_while_redis_is_frozen_and_200_after(
         seconds_to_503=round(flipped, 2),
         seconds_to_200_after_thaw=round(time.monotonic() - began, 2),
     )
+
+
+@pytest.mark.redis
+async def test_ready_turns_503_while_redis_refuses_writes_and_says_why(
+    server_factory: ServerFactory, redis_factory: Callable[[], RedisServer]
+) -> None:
+    """Redis out of memory still answers PING: the publish refused with OOM is what
+    tells (a publication with history writes), and /ready must then keep a load
+    balancer away until writes pass again."""
+    redis = redis_factory()
+    server = server_factory("--backend", redis.url, "--history-size", "100")
+    server.wait_ready()
+    async with httpx.AsyncClient(timeout=10) as http:
+        assert (await publish(http, server.url, CHANNEL, "e", "{}")).status_code == 200
+        command(redis.port, "config", "set", "maxmemory", "1")
+        refused = await publish(http, server.url, CHANNEL, "e", "{}")
+        # A publication that would start a channel is refused too (its first write).
+        new = await publish(http, server.url, f"{CHANNEL}-new", "e", "{}")
+        ready = await http.get(f"{server.url}/ready")
+    assert (refused.status_code, new.status_code) == (503, 503)
+    assert "OOM" in refused.text
+    assert "OOM" in new.text
+    assert ready.status_code == 503
+    assert ready.json()["backend"].startswith("refuses writes (OOM")
+
+    command(redis.port, "config", "set", "maxmemory", "0")
+    await eventually(lambda: answers(server, 200), "/ready to answer 200 once writes pass")
+    async with httpx.AsyncClient(timeout=10) as http:
+        assert (await publish(http, server.url, CHANNEL, "e", "{}")).status_code == 200
 
 
 async def answers(server: ServerProcess, code: int) -> bool:
