@@ -11,11 +11,17 @@ connection that finds a demoted primary), and the pub/sub connection asks Sentin
 the primary each time it connects. After a failover the old primary's connections fail,
 the node is not ready for as long as no primary answers, then reconnects to the promoted
 one, subscribes again and counts a reconnection (so the hub fills what channels missed).
+The node also listens to the Sentinels' ``+switch-master`` and moves every connection to
+a new primary as soon as it is named: after a manual failover the old primary stays up
+and writable for about 10 s, and what it took meanwhile is dropped when it becomes a
+replica.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
@@ -25,9 +31,14 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
+from broadcaster.backends.base import ControlHandler, EncodedHandler, PublicationHandler
 from broadcaster.backends.redis import _ERRORS, _MAX_CONNECTIONS, RedisBackend, parse_hosts
 
 __all__ = ["RedisSentinelBackend", "SentinelURL", "parse_sentinel_url", "sentinel_client"]
+
+log = logging.getLogger(__name__)
+
+_SWITCH_POLL = 1.0  # seconds a wait for +switch-master lasts before it checks for a stop
 
 SCHEMES = ("redis-sentinel", "rediss-sentinel")
 
@@ -125,6 +136,61 @@ class RedisSentinelBackend(RedisBackend):
         self._client = sentinel_client(url, max_connections=_MAX_CONNECTIONS, **timeouts)
         self._prober = sentinel_client(url, max_connections=1, **timeouts)
         self._sentinel: Sentinel = self._client.connection_pool.sentinel_manager  # type: ignore[attr-defined]
+
+    async def start(
+        self,
+        on_publication: PublicationHandler,
+        on_control: ControlHandler,
+        on_encoded: EncodedHandler | None = None,
+    ) -> None:
+        """See :meth:`RedisBackend.start`; also follows Sentinel's ``+switch-master``."""
+        await super().start(on_publication, on_control, on_encoded)
+        if not self._stopped:
+            task = asyncio.create_task(self._follow_switches(), name="redis-sentinel-switches")
+            self._tasks.append(task)
+
+    async def _follow_switches(self) -> None:
+        """Listen to ``+switch-master`` on one Sentinel after another and follow a new
+        primary of the service at once. After a manual failover (``SENTINEL FAILOVER``)
+        the old primary stays writable until Sentinel turns it into a replica, about
+        10 s later, and then drops what was written to it meanwhile: publications
+        acknowledged there would be lost from the history."""
+        sentinels = self._sentinel.sentinels
+        turn = 0
+        while not self._stopped:
+            sentinel = sentinels[turn % len(sentinels)]
+            turn += 1
+            pubsub = sentinel.pubsub()
+            try:
+                await pubsub.subscribe("+switch-master")
+                while not self._stopped:
+                    message = await pubsub.get_message(
+                        ignore_subscribe_messages=True, timeout=_SWITCH_POLL
+                    )
+                    if message is not None:
+                        await self._switched(message["data"])
+            except _ERRORS as exc:
+                log.debug("Sentinel %s: not listening to +switch-master (%s)", sentinel, exc)
+                await asyncio.sleep(_SWITCH_POLL)
+            finally:
+                with contextlib.suppress(*_ERRORS):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def _switched(self, data: bytes | str) -> None:
+        """``<service> <old ip> <old port> <new ip> <new port>``: reconnect every
+        connection to the new primary if it is this service's and not where we are."""
+        text = data.decode() if isinstance(data, bytes) else data
+        fields = text.split()
+        if len(fields) != 5 or fields[0] != self.service or not fields[4].isdigit():
+            return
+        host, port = fields[3], int(fields[4])
+        if (self._connect_kwargs.get("host"), self._connect_kwargs.get("port")) == (host, port):
+            return  # already there (reconnected after the old primary died)
+        log.warning("Sentinel made %s:%d the primary of %s; following it", host, port, self.service)
+        await self._drop_publisher()
+        await self._drop_pubsub()  # the node reconnects, asking Sentinel for the primary
+        with contextlib.suppress(*_ERRORS):
+            await self._client.connection_pool.disconnect()
 
     async def _connect(self) -> None:
         """Ask Sentinel for the primary, then connect as the standalone backend does."""

@@ -3,6 +3,7 @@ through a failover."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -16,9 +17,9 @@ from broadcaster.backends.redis_sentinel import (
     parse_sentinel_url,
     sentinel_client,
 )
-from broadcaster.publication import Publication
+from broadcaster.publication import Position, Publication
 from tests.backends.helpers import APP, Node, eventually
-from tests.support.topologies import SentinelTopology
+from tests.support.topologies import SentinelTopology, command
 
 pytestmark = pytest.mark.redis
 
@@ -120,3 +121,58 @@ async def _publish_when_ready(node: Node, publication: Publication) -> Any:
         except BackendUnavailable:
             await eventually(lambda: node.backend.ready, "readiness", within=20)
     raise AssertionError("the publisher never got through")
+
+
+async def test_a_manual_failover_is_followed_before_the_old_primary_is_demoted() -> None:
+    """``SENTINEL FAILOVER`` leaves the old primary up and writable until Sentinel makes
+    it a replica (about 10 s later), which drops what was written to it meanwhile.
+    Publications acknowledged after the switch must land on the new primary and stay in
+    its history."""
+    topology = SentinelTopology().start()  # its own: this test moves the primary
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    started: list[Node] = []
+    try:
+        for _ in range(2):
+            options = {"prefix": prefix, "apps": (APP,), "reconnect_max": 0.2}
+            node = Node(RedisSentinelBackend(topology.url, command_timeout=1, **options))
+            await node.backend.start(node.on_publication, node.on_control)
+            started.append(node)
+        publisher, subscriber = started
+        await subscriber.backend.subscribe(APP, "chat")
+        await publisher.backend.publish(pub("before"))
+        await subscriber.wait_for("chat", 1)
+        old = topology.primary_port()
+        sentinel = topology.sentinels[0].port
+        await polled(
+            lambda: "OK" in command(sentinel, "sentinel", "failover", topology.service),
+            "Sentinel to accept a manual failover",
+            within=30,
+        )
+        await polled(lambda: topology.primary_port() != old, "the switch", within=20)
+        await asyncio.sleep(1)  # well within the ~10 s the old primary stays a primary
+
+        positions = [await _publish_when_ready(publisher, pub(f"after-{n}")) for n in range(5)]
+        await subscriber.wait_for("chat", 6)
+        assert "role:master" in command(old, "info", "replication"), "demoted too soon"
+
+        def demoted() -> bool:
+            return "role:slave" in command(old, "info", "replication")
+
+        await polled(demoted, "Sentinel to make the old primary a replica", within=40)
+        history = await subscriber.backend.history(APP, "chat", Position(0, positions[0].epoch))
+        assert history.recovered
+        kept = [p.data for p in history.publications]
+        assert kept == [f"after-{n}" for n in range(5)], kept
+    finally:
+        for node in started:
+            await node.backend.stop()
+        topology.stop()
+
+
+async def polled(check: Callable[[], bool], what: str, within: float) -> None:
+    """``check`` every 0.1 s until it holds (it runs ``redis-cli``: not every 5 ms)."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(0.1)
