@@ -719,6 +719,7 @@ class RedisBackend:
         )
         self._responsive = True  # False from a failed command until a PING answers
         self._refusing: str | None = None  # an error reply refusing writes, until one passes
+        self._retry_now = asyncio.Event()  # cuts a reconnection's back-off short
         self._suspect = asyncio.Event()
         self._ready = False
         self._stopped = True
@@ -1466,7 +1467,10 @@ class RedisBackend:
                 except Exception as exc:
                     pause = delay * (1 - random.random() / 2)  # noqa: S311 - jitter, not crypto
                     log.debug("Redis at %s still unreachable (%s)", self.url, exc)
-                    await asyncio.sleep(pause)
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(pause):  # or until told where Redis is
+                            await self._retry_now.wait()
+                    self._retry_now.clear()
                     delay = min(delay * 2, self.reconnect_max)
                     continue
                 delay = self.reconnect_min

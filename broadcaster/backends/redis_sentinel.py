@@ -191,6 +191,7 @@ class RedisSentinelBackend(RedisBackend):
         await self._drop_pubsub()  # the node reconnects, asking Sentinel for the primary
         with contextlib.suppress(*_ERRORS):
             await self._client.connection_pool.disconnect()
+        self._retry_now.set()  # a reconnection waiting out its back-off goes now
 
     async def _connect(self) -> None:
         """Ask Sentinel for the primary, then connect as the standalone backend does."""
