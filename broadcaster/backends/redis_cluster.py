@@ -31,7 +31,10 @@ Each node opens one pub/sub connection per primary that owns a slot of a channel
 clients use (never to the others), ``SSUBSCRIBE``\\ s there, and follows the cluster:
 when a shard's connection fails, or Redis unsubscribes a channel because its slot moved,
 the node refreshes the slot map and subscribes again on the slot's owner, then counts a
-reconnection so the hub fills what the channels missed from their history.
+reconnection so the hub fills what the channels missed from their history. A subscribe
+that arrives meanwhile returns once a pass of that resync has subscribed it (or fails
+after ``command_timeout``: the client is closed with 4100 and comes back), never before
+it is in effect; an unsubscribe that arrives meanwhile is carried out when the pass ends.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from broadcaster.backends.base import (
     DEFAULT_HISTORY_META_TTL,
     DEFAULT_HISTORY_SIZE,
     DEFAULT_HISTORY_TTL,
+    BackendUnavailable,
     new_epoch,
 )
 from broadcaster.backends.redis import (
@@ -292,6 +296,10 @@ class RedisClusterBackend(RedisBackend):
         self._shard_outbox: list[tuple[_Shard, bytes, bytes, asyncio.Future[None]]] = []
         self._trouble = asyncio.Event()
         self._moved: set[bytes] = set()
+        # Subscribe passes (a reconnection or a resync) numbered when they take their
+        # list of channels, and the subscribes that wait for a pass after theirs.
+        self._passes = 0
+        self._pass_waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     @property
     def cluster(self) -> RedisCluster:
@@ -323,11 +331,20 @@ class RedisClusterBackend(RedisBackend):
     # -- pub/sub ------------------------------------------------------------------------
 
     async def subscribe(self, app_id: str, channel: str) -> None:
-        """Receive ``channel``: ``SSUBSCRIBE`` on its slot's primary, confirmed."""
+        """Receive ``channel``: ``SSUBSCRIBE`` on its slot's primary, confirmed. While
+        the node resubscribes (not ready), it waits for the next pass to take it.
+
+        Raises:
+            BackendUnavailable: that pass did not end within ``command_timeout``.
+        """
         name = self._key(app_id, "pub", channel).encode()
         if name not in self._channels:
             self._channels.add(name)
-            await self._shard_command(b"ssubscribe", name)
+            try:
+                await self._shard_command(b"ssubscribe", name)
+            except BackendUnavailable:
+                self._channels.discard(name)
+                raise
 
     async def unsubscribe(self, app_id: str, channel: str) -> None:
         """Stop receiving ``channel``; confirmed, or at once while its shard is away."""
@@ -364,12 +381,18 @@ class RedisClusterBackend(RedisBackend):
         The commands of one event-loop tick (a reconnect storm's thousands of
         subscribes) go out in one write per shard, in the order of the calls: one
         command per channel still, as Redis takes only channels of one slot in one
-        SSUBSCRIBE and every channel has a slot of its own."""
+        SSUBSCRIBE and every channel has a slot of its own.
+
+        Raises:
+            BackendUnavailable: a subscribe while the node is not ready, that the next
+                subscribe pass did not take within ``command_timeout``.
+        """
         if not self._ready:
             if kind == b"ssubscribe":
                 self._moved.add(name)
                 self._trouble.set()
-            return
+                await self._next_pass()
+            return  # an unsubscribe: the pass's end drops what is no longer wanted
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         waiters = self._waiters.setdefault((kind, name), deque())
@@ -394,6 +417,42 @@ class RedisClusterBackend(RedisBackend):
             self._trouble.set()
         finally:
             self._forget_waiter((kind, name), waiters, waiter)
+
+    async def _next_pass(self) -> None:
+        """Wait until a subscribe pass that starts from now has ended (it takes every
+        channel recorded before it started)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (self._passes, waiter)
+        self._pass_waiters.append(entry)
+        try:
+            async with asyncio.timeout(self.command_timeout):
+                await waiter
+        except TimeoutError:
+            raise BackendUnavailable(
+                f"the node is resubscribing to Redis Cluster {self.url}; subscribe again later"
+            ) from None
+        finally:
+            if entry in self._pass_waiters:
+                self._pass_waiters.remove(entry)
+
+    def _pass_started(self) -> int:
+        self._passes += 1
+        return self._passes
+
+    async def _pass_ended(self, number: int) -> None:
+        """Pass ``number`` subscribed its channels: release the subscribes recorded
+        before it started, and drop what was unsubscribed meanwhile."""
+        waiting, self._pass_waiters = self._pass_waiters, []
+        for after, waiter in waiting:
+            if after < number:
+                if not waiter.done():
+                    waiter.set_result(None)
+            else:
+                self._pass_waiters.append((after, waiter))
+        wanted = self._channels | self._control_names()
+        extra = [n for shard in self._shards.values() for n in shard.channels if n not in wanted]
+        if extra:
+            await asyncio.gather(*(self._shard_command(b"sunsubscribe", n) for n in extra))
 
     def _send_shard_outbox(self) -> None:
         # A waiter already done was cancelled, or released by a lost connection.
@@ -541,6 +600,7 @@ class RedisClusterBackend(RedisBackend):
         self._moved.clear()
         await self._refresh()
         await self._client.ping()
+        number = self._pass_started()
         await self._subscribe_all([*self._control_names(), *self._channels])
         await self._restore()
         self._responsive = True
@@ -551,6 +611,7 @@ class RedisClusterBackend(RedisBackend):
         else:
             log.info("connected to Redis Cluster %s as node %s", self.url, self._node_id)
         self._ever_connected = True
+        await self._pass_ended(number)
 
     async def _subscribe_all(self, names: list[bytes]) -> None:
         """SSUBSCRIBE ``names`` on their owners, one command per shard, and wait for a
@@ -602,8 +663,10 @@ class RedisClusterBackend(RedisBackend):
     async def _resync(self) -> None:
         """Refresh the slot map and subscribe the moved channels on their new owners."""
         moved, self._moved = self._moved, set()
+        number = self._pass_started()
         wanted = (self._channels | self._control_names()) & moved
         if not wanted:
+            await self._pass_ended(number)
             return
         self._ready = False  # /ready reports the outage while a shard is away
         await self._refresh()
@@ -611,6 +674,7 @@ class RedisClusterBackend(RedisBackend):
         await self._restore()
         self._ready = True
         self.reconnects += 1  # the hub fills what the moved channels missed
+        await self._pass_ended(number)
 
     async def _refresh(self) -> None:
         """Read the slot map again (after a failover or a slot move)."""

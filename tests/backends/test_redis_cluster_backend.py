@@ -147,14 +147,15 @@ async def test_a_subscriber_of_many_channels_gets_all_of_them_back_after_losing_
     assert sorted(p.channel for p in subscriber.publications) == sorted(channels)
 
 
-async def test_a_channel_subscribed_while_the_node_follows_a_lost_shard_is_not_dropped(
+async def test_subscribes_and_unsubscribes_while_the_node_follows_a_lost_shard(
     nodes: Start, redis_cluster: ClusterTopology
 ) -> None:
-    """A subscribe that arrives while the node resubscribes after losing its shards
-    (not ready) is left to a resync, not dropped: the channel ends up subscribed on its
-    shard and receives."""
+    """While the node resubscribes after losing its shards (not ready), a subscribe
+    returns only once the subscription is in effect (a pass of the resync took it), so
+    a publication right after it arrives; an unsubscribe is not left behind in Redis."""
     publisher, subscriber = await nodes(apps=()), await nodes()
     await subscriber.backend.subscribe(APP, "before")
+    await subscriber.backend.subscribe(APP, "leaving")
     for primary in redis_cluster.primaries():
         for client_id in _shard_subscribers(primary.port):
             command(primary.port, "client", "kill", "id", client_id)
@@ -163,18 +164,27 @@ async def test_a_channel_subscribed_while_the_node_follows_a_lost_shard_is_not_d
         assert asyncio.get_running_loop().time() < deadline, "no resync began"
         await asyncio.sleep(0)
 
-    await subscriber.backend.subscribe(APP, "during")
+    await asyncio.gather(
+        subscriber.backend.subscribe(APP, "during"),
+        subscriber.backend.unsubscribe(APP, "leaving"),
+    )
+    assert _shard_subscriptions(redis_cluster, subscriber, "during") == 1
+    await publisher.backend.publish(pub("x", "during"))
+    await subscriber.wait_for("during")
+
     await eventually(lambda: subscriber.backend.ready, "the node to be ready again")
 
-    async def received() -> bool:
-        await publisher.backend.publish(pub("x", "during"))
+    async def left() -> bool:
         await asyncio.sleep(0.05)
-        return bool(subscriber.on("during"))
+        return _shard_subscriptions(redis_cluster, subscriber, "leaving") == 0
 
-    await eventually_async(received, "a publication on the channel subscribed meanwhile")
-    name = channel_key(subscriber.backend.prefix, APP, "during", "pub")
-    owner = redis_cluster.owner(key_slot(name.encode()))
-    assert command(owner.port, "pubsub", "shardnumsub", name).split()[1] == "1"
+    await eventually_async(left, "the channel unsubscribed meanwhile to be left in Redis")
+
+
+def _shard_subscriptions(cluster: ClusterTopology, node: Node, channel: str) -> int:
+    name = channel_key(node.backend.prefix, APP, channel, "pub")
+    owner = cluster.owner(key_slot(name.encode()))
+    return int(command(owner.port, "pubsub", "shardnumsub", name).split()[1])
 
 
 async def test_the_shard_readers_take_the_read_delay(nodes: Start) -> None:
