@@ -155,7 +155,13 @@ class Broker(Protocol):
 
     async def subscribe(self, app_id: str, channel: str) -> None:
         """Start receiving ``channel``'s publications on this node (first local
-        subscriber). Idempotent. Kept across reconnections of the backend."""
+        subscriber); returns once they are delivered here. Idempotent. Kept across
+        reconnections of the backend.
+
+        Raises:
+            BackendUnavailable: the subscription could not be made in time (the backend
+                is reconnecting); nothing is kept.
+        """
         ...
 
     async def unsubscribe(self, app_id: str, channel: str) -> None:

@@ -720,6 +720,7 @@ class RedisBackend:
         self._responsive = True  # False from a failed command until a PING answers
         self._refusing: str | None = None  # an error reply refusing writes, until one passes
         self._retry_now = asyncio.Event()  # cuts a reconnection's back-off short
+        self._connect_waiters: list[asyncio.Future[None]] = []  # subscribes made meanwhile
         self._suspect = asyncio.Event()
         self._ready = False
         self._stopped = True
@@ -851,12 +852,20 @@ class RedisBackend:
     # -- pub/sub --------------------------------------------------------------------------
 
     async def subscribe(self, app_id: str, channel: str) -> None:
-        """Receive ``channel`` on this node; returns once Redis confirmed it. While Redis
-        is unreachable the channel is recorded and subscribed on reconnection."""
+        """Receive ``channel`` on this node; returns once Redis confirmed it. While the
+        node reconnects, it returns once the reconnection has subscribed it.
+
+        Raises:
+            BackendUnavailable: no reconnection within ``command_timeout``.
+        """
         name = publication_channel(self.prefix, app_id, channel).encode()
         if name not in self._channels:
             self._channels.add(name)
-            await self._pubsub_command(b"subscribe", name)
+            try:
+                await self._pubsub_command(b"subscribe", name)
+            except BackendUnavailable:
+                self._channels.discard(name)
+                raise
 
     async def unsubscribe(self, app_id: str, channel: str) -> None:
         """Stop receiving ``channel``; returns once Redis confirmed it (or at once while
@@ -1450,6 +1459,10 @@ class RedisBackend:
         self._pong_at = asyncio.get_running_loop().time()
         self._responsive = True  # it just answered
         self._ready = True
+        waiting, self._connect_waiters = self._connect_waiters, []
+        for waiter in waiting:  # subscribes made meanwhile: in ``names`` above
+            if not waiter.done():
+                waiter.set_result(None)
         if self._ever_connected:
             self.reconnects += 1
             log.info("reconnected to Redis at %s (reconnection %d)", self.url, self.reconnects)
@@ -1566,13 +1579,17 @@ class RedisBackend:
 
     async def _pubsub_command(self, kind: bytes, name: bytes) -> None:
         """Send SUBSCRIBE/UNSUBSCRIBE and wait for Redis to confirm it; give up quietly
-        when the connection is lost (the reconnection restores ``_channels``).
+        when the connection is lost (the reconnection restores ``_channels``). Without a
+        connection, a SUBSCRIBE waits for the reconnection (which subscribes everything
+        in ``_channels``), at most ``command_timeout``, else BackendUnavailable.
 
         The commands of one event-loop tick go out together (one SUBSCRIBE naming many
         channels), in the order of the calls; each caller waits for its own channel's
         confirmation."""
         conn = self._pubsub
         if conn is None or not conn.is_connected:
+            if kind == b"subscribe" and not self._stopped:
+                await self._reconnected()
             return
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
@@ -1587,6 +1604,21 @@ class RedisBackend:
             await waiter
         finally:
             self._forget_waiter((kind, name), waiters, waiter)
+
+    async def _reconnected(self) -> None:
+        """Wait for the reconnection under way to end (``command_timeout`` at most)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._connect_waiters.append(waiter)
+        try:
+            async with asyncio.timeout(self.command_timeout):
+                await waiter
+        except TimeoutError:
+            raise BackendUnavailable(
+                f"Redis at {self.url} is unreachable; the node is reconnecting, retry later"
+            ) from None
+        finally:
+            if waiter in self._connect_waiters:
+                self._connect_waiters.remove(waiter)
 
     def _forget_waiter(
         self,

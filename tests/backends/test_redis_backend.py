@@ -131,6 +131,49 @@ async def test_a_refusal_seen_by_the_heartbeat_alone_makes_the_node_not_ready(
         await client.aclose()
 
 
+async def test_a_subscribe_while_redis_is_away_returns_once_it_is_in_effect(
+    redis_factory: RedisFactory, cluster: Callable[..., Any]
+) -> None:
+    """Returning at once (the channel merely recorded) would let the node tell a client
+    ``subscription_succeeded`` before Redis delivers the channel to it."""
+    redis = redis_factory()
+    node = await cluster(redis.url, command_timeout=5, reconnect_max=0.1)
+    redis.kill()
+    await eventually(lambda: not node.backend.ready, "the node to notice the loss")
+
+    subscribing = asyncio.create_task(node.backend.subscribe(APP, "meanwhile"))
+    await asyncio.sleep(0.3)
+    assert not subscribing.done(), "subscribed while Redis was away"
+    redis.start()
+    await subscribing
+    name = publication_channel(node.backend.prefix, APP, "meanwhile")
+    client = Redis.from_url(redis.url)
+    try:
+        assert await client.pubsub_numsub(name) == [(name.encode(), 1)]
+    finally:
+        await client.aclose()
+
+
+async def test_a_subscribe_gives_up_when_redis_stays_away(
+    redis_factory: RedisFactory, cluster: Callable[..., Any]
+) -> None:
+    redis = redis_factory()
+    node = await cluster(redis.url, command_timeout=0.3)
+    redis.kill()
+    await eventually(lambda: not node.backend.ready, "the node to notice the loss")
+    with pytest.raises(BackendUnavailable, match="unreachable"):
+        await node.backend.subscribe(APP, "never")
+    redis.start()
+    await eventually(lambda: node.backend.ready, "the reconnection", within=20)
+    await node.backend.subscribe(APP, "never")  # recorded nowhere: subscribed afresh
+    client = Redis.from_url(redis.url)
+    name = publication_channel(node.backend.prefix, APP, "never")
+    try:
+        assert await client.pubsub_numsub(name) == [(name.encode(), 1)]
+    finally:
+        await client.aclose()
+
+
 async def test_a_node_resubscribes_and_restores_its_state_when_redis_comes_back(
     redis_factory: RedisFactory, cluster: Callable[..., Any]
 ) -> None:
@@ -190,10 +233,12 @@ async def test_a_node_started_before_redis_connects_when_redis_appears(
     assert not node.backend.ready
     with pytest.raises(BackendUnavailable, match="unreachable"):
         await node.backend.publish(pub())
-    await node.backend.subscribe(APP, "chat")  # recorded, subscribed once connected
+    # Returns once the node has connected and subscribed (within command_timeout).
+    subscribing = asyncio.create_task(node.backend.subscribe(APP, "chat"))
 
     redis.start()
     try:
+        await subscribing
         await eventually(lambda: node.backend.ready, "the node to connect")
         assert node.backend.reconnects == 0
         await node.backend.publish(pub("first"))
