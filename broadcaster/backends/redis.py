@@ -720,7 +720,10 @@ class RedisBackend:
         self._responsive = True  # False from a failed command until a PING answers
         self._refusing: str | None = None  # an error reply refusing writes, until one passes
         self._retry_now = asyncio.Event()  # cuts a reconnection's back-off short
-        self._connect_waiters: list[asyncio.Future[None]] = []  # subscribes made meanwhile
+        # Subscribe passes (a connection, or a cluster resync), numbered when they take
+        # their list of channels, and the subscribes that wait for a pass after theirs.
+        self._passes = 0
+        self._pass_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._suspect = asyncio.Event()
         self._ready = False
         self._stopped = True
@@ -940,11 +943,7 @@ class RedisBackend:
         replica = False  # the connection reached a replica: follow the primary
         for item, result in zip(batch, results, strict=True):
             if isinstance(result, BaseException):
-                replica = (
-                    replica
-                    or isinstance(result, ReadOnlyError)
-                    or (isinstance(result, ResponseError) and str(result).startswith("READONLY"))
-                )
+                replica = replica or (_refusal(result) or "").startswith("READONLY")
                 if not item.done.done():  # else the caller was cancelled
                     error = self._failed("publish", result)
                     error.__cause__ = result
@@ -1446,6 +1445,7 @@ class RedisBackend:
             take_over(conn, reader)
             self._pubsub = conn
             self._reader = reader
+            number = self._pass_started()
             names = [self._control_channel(app).encode() for app in self.apps]
             names += self._channels
             if names:
@@ -1459,10 +1459,7 @@ class RedisBackend:
         self._pong_at = asyncio.get_running_loop().time()
         self._responsive = True  # it just answered
         self._ready = True
-        waiting, self._connect_waiters = self._connect_waiters, []
-        for waiter in waiting:  # subscribes made meanwhile: in ``names`` above
-            if not waiter.done():
-                waiter.set_result(None)
+        self._release_pass(number)  # subscribes made meanwhile: in ``names`` above
         if self._ever_connected:
             self.reconnects += 1
             log.info("reconnected to Redis at %s (reconnection %d)", self.url, self.reconnects)
@@ -1589,7 +1586,7 @@ class RedisBackend:
         conn = self._pubsub
         if conn is None or not conn.is_connected:
             if kind == b"subscribe" and not self._stopped:
-                await self._reconnected()
+                await self._next_pass()
             return
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
@@ -1605,20 +1602,40 @@ class RedisBackend:
         finally:
             self._forget_waiter((kind, name), waiters, waiter)
 
-    async def _reconnected(self) -> None:
-        """Wait for the reconnection under way to end (``command_timeout`` at most)."""
+    async def _next_pass(self) -> None:
+        """Wait until a subscribe pass that starts from now has ended (it takes every
+        channel recorded before it started), ``command_timeout`` at most.
+
+        Raises:
+            BackendUnavailable: no pass ended in time.
+        """
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._connect_waiters.append(waiter)
+        entry = (self._passes, waiter)
+        self._pass_waiters.append(entry)
         try:
             async with asyncio.timeout(self.command_timeout):
                 await waiter
         except TimeoutError:
             raise BackendUnavailable(
-                f"Redis at {self.url} is unreachable; the node is reconnecting, retry later"
+                f"the node is reconnecting to Redis at {self.url}; subscribe again later"
             ) from None
         finally:
-            if waiter in self._connect_waiters:
-                self._connect_waiters.remove(waiter)
+            if entry in self._pass_waiters:
+                self._pass_waiters.remove(entry)
+
+    def _pass_started(self) -> int:
+        self._passes += 1
+        return self._passes
+
+    def _release_pass(self, number: int) -> None:
+        """Pass ``number`` subscribed its channels: release the subscribes that were
+        recorded before it started."""
+        waiting, self._pass_waiters = self._pass_waiters, []
+        for after, waiter in waiting:
+            if after >= number:
+                self._pass_waiters.append((after, waiter))
+            elif not waiter.done():
+                waiter.set_result(None)
 
     def _forget_waiter(
         self,

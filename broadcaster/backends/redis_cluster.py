@@ -296,10 +296,6 @@ class RedisClusterBackend(RedisBackend):
         self._shard_outbox: list[tuple[_Shard, bytes, bytes, asyncio.Future[None]]] = []
         self._trouble = asyncio.Event()
         self._moved: set[bytes] = set()
-        # Subscribe passes (a reconnection or a resync) numbered when they take their
-        # list of channels, and the subscribes that wait for a pass after theirs.
-        self._passes = 0
-        self._pass_waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     @property
     def cluster(self) -> RedisCluster:
@@ -418,37 +414,10 @@ class RedisClusterBackend(RedisBackend):
         finally:
             self._forget_waiter((kind, name), waiters, waiter)
 
-    async def _next_pass(self) -> None:
-        """Wait until a subscribe pass that starts from now has ended (it takes every
-        channel recorded before it started)."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (self._passes, waiter)
-        self._pass_waiters.append(entry)
-        try:
-            async with asyncio.timeout(self.command_timeout):
-                await waiter
-        except TimeoutError:
-            raise BackendUnavailable(
-                f"the node is resubscribing to Redis Cluster {self.url}; subscribe again later"
-            ) from None
-        finally:
-            if entry in self._pass_waiters:
-                self._pass_waiters.remove(entry)
-
-    def _pass_started(self) -> int:
-        self._passes += 1
-        return self._passes
-
     async def _pass_ended(self, number: int) -> None:
         """Pass ``number`` subscribed its channels: release the subscribes recorded
         before it started, and drop what was unsubscribed meanwhile."""
-        waiting, self._pass_waiters = self._pass_waiters, []
-        for after, waiter in waiting:
-            if after < number:
-                if not waiter.done():
-                    waiter.set_result(None)
-            else:
-                self._pass_waiters.append((after, waiter))
+        self._release_pass(number)
         wanted = self._channels | self._control_names()
         extra = [n for shard in self._shards.values() for n in shard.channels if n not in wanted]
         if extra:
