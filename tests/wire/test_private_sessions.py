@@ -35,6 +35,9 @@ async def finished_private_run(live: LiveServer, clients: Connect) -> dict[str, 
     granted = await authorise(live, client.socket_id, run["channel"], run["auth"]["token"])
     await client.subscribe(run["channel"], auth=granted.json()["auth"], position=run["position"])
     await read_run(client)
+    # Closed now: a later run on the session would fill its unread queue, and a client
+    # that stops reading cannot finish its closing handshake (10 s at teardown).
+    await client.close()
     return run
 
 
