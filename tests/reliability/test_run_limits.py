@@ -135,6 +135,9 @@ async def test_a_refused_run_does_not_spend_the_rate(
         for _ in range(5):
             assert (await post_run(http, live, session_id=session)).status_code == 409
         assert (await post_run(http, live)).status_code == 202
+    manager = demo_of(live).runs  # the paced run would hold the shutdown for its grace
+    assert isinstance(manager, RunManager)
+    await manager.aclose(grace=0)
 
 
 async def test_a_full_node_answers_503_with_retry_after(
