@@ -163,6 +163,13 @@ class RedisSentinelBackend(RedisBackend):
             pubsub = sentinel.pubsub()
             try:
                 await pubsub.subscribe("+switch-master")
+                # A switch while no Sentinel was listened to: follow it now.
+                address = await sentinel.sentinel_get_master_addr_by_name(
+                    self.service, return_responses=True
+                )
+                if isinstance(address, tuple | list) and len(address) == 2:
+                    host = address[0].decode() if isinstance(address[0], bytes) else address[0]
+                    await self._follow(str(host), int(address[1]))
                 while not self._stopped:
                     message = await pubsub.get_message(
                         ignore_subscribe_messages=True, timeout=_SWITCH_POLL
@@ -181,9 +188,11 @@ class RedisSentinelBackend(RedisBackend):
         connection to the new primary if it is this service's and not where we are."""
         text = data.decode() if isinstance(data, bytes) else data
         fields = text.split()
-        if len(fields) != 5 or fields[0] != self.service or not fields[4].isdigit():
-            return
-        host, port = fields[3], int(fields[4])
+        if len(fields) == 5 and fields[0] == self.service and fields[4].isdigit():
+            await self._follow(fields[3], int(fields[4]))
+
+    async def _follow(self, host: str, port: int) -> None:
+        """Move every connection to the primary at ``host:port`` unless already there."""
         if (self._connect_kwargs.get("host"), self._connect_kwargs.get("port")) == (host, port):
             return  # already there (reconnected after the old primary died)
         log.warning("Sentinel made %s:%d the primary of %s; following it", host, port, self.service)

@@ -123,11 +123,14 @@ async def _publish_when_ready(node: Node, publication: Publication) -> Any:
     raise AssertionError("the publisher never got through")
 
 
-async def test_a_manual_failover_is_followed_before_the_old_primary_is_demoted() -> None:
+@pytest.mark.parametrize("first_sentinel", ["up", "down"])
+async def test_a_manual_failover_is_followed_before_the_old_primary_is_demoted(
+    first_sentinel: str,
+) -> None:
     """``SENTINEL FAILOVER`` leaves the old primary up and writable until Sentinel makes
     it a replica (about 10 s later), which drops what was written to it meanwhile.
     Publications acknowledged after the switch must land on the new primary and stay in
-    its history."""
+    its history. With the first Sentinel down, the node listens to the next one."""
     topology = SentinelTopology().start()  # its own: this test moves the primary
     prefix = f"test-{uuid.uuid4().hex[:12]}"
     started: list[Node] = []
@@ -143,12 +146,21 @@ async def test_a_manual_failover_is_followed_before_the_old_primary_is_demoted()
         await subscriber.wait_for("chat", 1)
         old = topology.primary_port()
         sentinel = topology.sentinels[0].port
+        if first_sentinel == "down":
+            topology.sentinels[0].stop()
+            sentinel = topology.sentinels[1].port
+            await asyncio.sleep(6)  # the listener notices (redis-py retries) and moves on
         await polled(
             lambda: "OK" in command(sentinel, "sentinel", "failover", topology.service),
             "Sentinel to accept a manual failover",
             within=30,
         )
-        await polled(lambda: topology.primary_port() != old, "the switch", within=20)
+
+        def primary() -> int:
+            reply = command(sentinel, "sentinel", "get-master-addr-by-name", topology.service)
+            return int(reply.split()[1])
+
+        await polled(lambda: primary() != old, "the switch", within=20)
         await asyncio.sleep(1)  # well within the ~10 s the old primary stays a primary
 
         positions = [await _publish_when_ready(publisher, pub(f"after-{n}")) for n in range(5)]
