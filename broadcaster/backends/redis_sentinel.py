@@ -99,7 +99,14 @@ def sentinel_client(
         options["ssl"] = True
     if max_connections:
         options["max_connections"] = max_connections
-    sentinel_options = {"socket_timeout": timeout, "socket_connect_timeout": connect_timeout}
+    # No retries with back-off on a Sentinel: one that is down must fail at once so that
+    # the next one is asked (redis-py's default retries would spend seconds on it, longer
+    # than a readiness PING may take, and the node would stay not ready).
+    sentinel_options = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": connect_timeout,
+        "retry": Retry(NoBackoff(), 0),
+    }
     sentinel = Sentinel(list(parsed.sentinels), sentinel_kwargs=sentinel_options, **options)  # type: ignore[no-untyped-call]
     client: Redis = sentinel.master_for(parsed.service, redis_class=_SentinelRedis)
     return client
