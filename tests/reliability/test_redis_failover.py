@@ -17,9 +17,11 @@ from before them is answered ``recovered: false``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
 from dataclasses import asdict
+from typing import Any
 
 import pytest
 
@@ -28,11 +30,12 @@ from tests.reliability.failover import (
     ClusterFaults,
     Faults,
     SentinelFaults,
+    _subscribed,
     failover_trial,
 )
-from tests.reliability.helpers import report
+from tests.reliability.helpers import Publisher, Reader, deduplicated, eventually, report
 from tests.support.processes import ServerFactory
-from tests.support.topologies import ClusterTopology, SentinelTopology
+from tests.support.topologies import ClusterTopology, SentinelTopology, command
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -92,3 +95,60 @@ async def test_publications_lost_by_replication_are_no_silent_gap(
         assert trial.lost_by_replication > 0  # the cut made replication lag
         assert trial.resumed_recovered is False
         report(f"redis_failover_{topology}_cut", **asdict(trial))
+
+
+@pytest.mark.parametrize("topology", ["cluster", "sentinel"])
+async def test_a_manual_failover_loses_nothing(
+    topology: str, server_factory: ServerFactory
+) -> None:
+    """``CLUSTER FAILOVER`` / ``SENTINEL FAILOVER`` (maintenance) under publishing load:
+    every accepted publication reaches every live client, none is disconnected, up to
+    after the old primary became a replica (Sentinel demotes it about 10 s later)."""
+    channel = "agent.manual-failover"
+    with _topology(topology) as faults:
+        nodes = [server_factory("--backend", faults.url, *SERVE_ARGS) for _ in range(2)]
+        for node in nodes:
+            node.wait_ready()
+        live = [Reader(await _subscribed(n, channel)).start() for n in nodes for _ in range(2)]
+        stop = False
+        publisher = Publisher([n.url for n in nodes], channel)
+        publishing = asyncio.create_task(publisher.run(lambda: stop))
+        try:
+            await eventually(lambda: len(publisher.accepted) >= 40, "publishing to start")
+            victim = faults.victim(channel)
+            replica = faults.replica_of(victim)
+            await _manual_failover(faults, replica)
+
+            def demoted() -> bool:
+                return "role:slave" in command(victim.port, "info", "replication")
+
+            await eventually(demoted, "the old primary to become a replica", within=40, every=0.2)
+            mark = len(publisher.accepted)
+            await eventually(lambda: len(publisher.accepted) >= mark + 40, "publishing after")
+        finally:
+            stop = True
+            await publishing
+        last = publisher.accepted[-1]
+        await eventually(lambda: all(r.seqs and r.seqs[-1] >= last for r in live), "delivery")
+        for reader in live:
+            assert reader.ended is None, reader.ended
+            assert deduplicated(reader.seqs, publisher.retried) == publisher.accepted
+            await reader.stop()
+        report(
+            f"redis_manual_failover_{topology}",
+            accepted=len(publisher.accepted),
+            refused_attempts=publisher.refused,
+        )
+
+
+async def _manual_failover(faults: Faults, replica: Any) -> None:
+    if isinstance(faults, ClusterFaults):
+        assert "OK" in command(replica.port, "cluster", "failover")
+        return
+    assert isinstance(faults, SentinelFaults)
+    sentinel, service = faults.topology.sentinels[0].port, faults.topology.service
+
+    def accepted() -> bool:  # NOGOODSLAVE until the Sentinels have seen the replica
+        return "OK" in command(sentinel, "sentinel", "failover", service)
+
+    await eventually(accepted, "Sentinel to accept a manual failover", within=30, every=0.5)
