@@ -651,6 +651,9 @@ class RedisBackend:
 
     # Seams for variants (Redis Cluster): the scripts that check node liveness.
     _scripts: ClassVar[Any] = _lua
+    # A channel's pub/sub commands (Redis Cluster: the sharded ones).
+    _SUBSCRIBE: ClassVar[bytes] = b"subscribe"
+    _UNSUBSCRIBE: ClassVar[bytes] = b"unsubscribe"
 
     def __init__(
         self,
@@ -856,27 +859,28 @@ class RedisBackend:
 
     async def subscribe(self, app_id: str, channel: str) -> None:
         """Receive ``channel`` on this node; returns once Redis confirmed it. While the
-        node reconnects, it returns once the reconnection has subscribed it.
+        node reconnects (or, on a cluster, resyncs), it returns once that pass has
+        subscribed it.
 
         Raises:
-            BackendUnavailable: no reconnection within ``command_timeout``.
+            BackendUnavailable: no such pass within ``command_timeout``.
         """
-        name = publication_channel(self.prefix, app_id, channel).encode()
+        name = self._key(app_id, "pub", channel).encode()
         if name not in self._channels:
             self._channels.add(name)
             try:
-                await self._pubsub_command(b"subscribe", name)
+                await self._pubsub_command(self._SUBSCRIBE, name)
             except BackendUnavailable:
                 self._channels.discard(name)
                 raise
 
     async def unsubscribe(self, app_id: str, channel: str) -> None:
         """Stop receiving ``channel``; returns once Redis confirmed it (or at once while
-        Redis is unreachable)."""
-        name = publication_channel(self.prefix, app_id, channel).encode()
+        Redis, or the channel's shard, is away)."""
+        name = self._key(app_id, "pub", channel).encode()
         if name in self._channels:
             self._channels.discard(name)
-            await self._pubsub_command(b"unsubscribe", name)
+            await self._pubsub_command(self._UNSUBSCRIBE, name)
 
     def publish(
         self, publication: Publication, *, history: bool = True

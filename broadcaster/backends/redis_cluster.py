@@ -63,7 +63,6 @@ from broadcaster.backends.base import (
     DEFAULT_HISTORY_META_TTL,
     DEFAULT_HISTORY_SIZE,
     DEFAULT_HISTORY_TTL,
-    BackendUnavailable,
     new_epoch,
 )
 from broadcaster.backends.redis import (
@@ -278,6 +277,8 @@ class RedisClusterBackend(RedisBackend):
     """
 
     _scripts: ClassVar[Any] = SCRIPTS
+    _SUBSCRIBE: ClassVar[bytes] = b"ssubscribe"
+    _UNSUBSCRIBE: ClassVar[bytes] = b"sunsubscribe"
 
     def __init__(self, url: str, **options: Any) -> None:
         parsed = parse_cluster_url(url)
@@ -326,29 +327,6 @@ class RedisClusterBackend(RedisBackend):
 
     # -- pub/sub ------------------------------------------------------------------------
 
-    async def subscribe(self, app_id: str, channel: str) -> None:
-        """Receive ``channel``: ``SSUBSCRIBE`` on its slot's primary, confirmed. While
-        the node resubscribes (not ready), it waits for the next pass to take it.
-
-        Raises:
-            BackendUnavailable: that pass did not end within ``command_timeout``.
-        """
-        name = self._key(app_id, "pub", channel).encode()
-        if name not in self._channels:
-            self._channels.add(name)
-            try:
-                await self._shard_command(b"ssubscribe", name)
-            except BackendUnavailable:
-                self._channels.discard(name)
-                raise
-
-    async def unsubscribe(self, app_id: str, channel: str) -> None:
-        """Stop receiving ``channel``; confirmed, or at once while its shard is away."""
-        name = self._key(app_id, "pub", channel).encode()
-        if name in self._channels:
-            self._channels.discard(name)
-            await self._shard_command(b"sunsubscribe", name)
-
     async def send_control(self, app_id: str, message: Any) -> None:
         """Publish a control message to every node that lists ``app_id`` in ``apps``.
 
@@ -368,11 +346,12 @@ class RedisClusterBackend(RedisBackend):
                 return shard
         return None
 
-    async def _shard_command(self, kind: bytes, name: bytes) -> None:
+    async def _pubsub_command(self, kind: bytes, name: bytes) -> None:
         """Send SSUBSCRIBE/SUNSUBSCRIBE on the shard of ``name`` and wait for Redis to
         confirm it; give up quietly when the shard is away (the resync restores it).
-        While the node (re)subscribes (not ready), a subscribe is left to the resync
-        that follows: the one under way may have taken its list of channels already.
+        While the node (re)subscribes (not ready), a subscribe waits for the pass that
+        follows (the one under way may have taken its list of channels already); an
+        unsubscribe is left to the end of the pass.
 
         The commands of one event-loop tick (a reconnect storm's thousands of
         subscribes) go out in one write per shard, in the order of the calls: one
@@ -421,7 +400,7 @@ class RedisClusterBackend(RedisBackend):
         wanted = self._channels | self._control_names()
         extra = [n for shard in self._shards.values() for n in shard.channels if n not in wanted]
         if extra:
-            await asyncio.gather(*(self._shard_command(b"sunsubscribe", n) for n in extra))
+            await asyncio.gather(*(self._pubsub_command(self._UNSUBSCRIBE, n) for n in extra))
 
     def _send_shard_outbox(self) -> None:
         # A waiter already done was cancelled, or released by a lost connection.
