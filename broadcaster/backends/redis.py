@@ -1366,15 +1366,16 @@ class RedisBackend:
     def _failed(self, action: str, exc: BaseException) -> BackendUnavailable:
         if isinstance(exc, _UNANSWERED):
             self._unanswered()
-        elif _refusal(exc) is not None:
-            self._refused(exc)
+        elif (refusal := _refusal(exc)) is not None:
+            self._refused(refusal)
         return BackendUnavailable(f"could not {action} through Redis at {self.url}: {exc}")
 
-    def _refused(self, exc: BaseException) -> None:
-        """An error reply refusing writes: not ready until a write passes (probed now)."""
+    def _refused(self, refusal: str) -> None:
+        """An error reply refusing writes (``refusal``, from :func:`_refusal`): not ready
+        until a write passes (probed now)."""
         if self._refusing is None:
-            log.warning("Redis at %s refuses writes (%s); not ready", self.url, exc)
-        self._refusing = _refusal(exc)
+            log.warning("Redis at %s refuses writes (%s); not ready", self.url, refusal)
+        self._refusing = refusal
         self._suspect.set()
 
     def _unanswered(self) -> None:
@@ -1707,8 +1708,8 @@ class RedisBackend:
                 await self._heartbeat()
             except _ERRORS as exc:
                 log.debug("heartbeat failed (%s)", exc)
-                if _refusal(exc) is not None:
-                    self._refused(exc)
+                if (refusal := _refusal(exc)) is not None:
+                    self._refused(refusal)
 
     async def _heartbeat(self) -> None:
         conn = self._pubsub
