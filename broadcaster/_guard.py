@@ -337,11 +337,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if native.logged is not None:
             self._log_access(native.logged, answer.status)
         keep_alive = native.keep_alive  # read now: a shutdown may have cleared it
-        head = _DEFAULT_HEADERS.lines(self.server_state.default_headers)
-        self.transport.write(_response(head, answer, keep_alive))
-        if not keep_alive:
-            self.transport.close()
-        self.on_response_complete()
+        self._write_native(answer, keep_alive, close=not keep_alive)
 
     def _native_failed(self, native: _NativeCycle, exc: Exception) -> None:
         # As uvicorn after an ASGI application's error: a 500 (when nothing was sent
@@ -351,9 +347,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.transport.close()
             return
         native.response_complete = True
+        self._write_native(SERVER_ERROR, native.keep_alive, close=True)
+
+    def _write_native(self, answer: Answer, keep_alive: bool, *, close: bool) -> None:
         head = _DEFAULT_HEADERS.lines(self.server_state.default_headers)
-        self.transport.write(_response(head, SERVER_ERROR, native.keep_alive))
-        self.transport.close()
+        self.transport.write(_response(head, answer, keep_alive))
+        if close:
+            self.transport.close()
         self.on_response_complete()
 
     def _log_access(self, logged: tuple[str, str], status: int) -> None:

@@ -418,13 +418,7 @@ class Node:
         Raises:
             BackendUnavailable: nothing (or not everything) was published.
         """
-        await self._publish_all(
-            [
-                Publication(app_id, channel, event, data, exclude_socket_id)
-                for channels, event, data, exclude_socket_id in events
-                for channel in channels
-            ]
-        )
+        await self.start_publish_batch(app_id, events)
 
     def start_publish_batch(
         self, app_id: str, events: Sequence[tuple[Sequence[str], str, str, str | None]]
