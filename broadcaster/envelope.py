@@ -57,7 +57,8 @@ _TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 def utc_timestamp(moment: datetime | None = None) -> str:
     """``moment`` (default: now) as UTC with millisecond precision and a ``Z``."""
     moment = (moment or datetime.now(UTC)).astimezone(UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    # isoformat: faster than strftime, and four-digit years below 1000 too ("+00:00" cut)
+    return moment.isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
 def channel_for(session_id: str) -> str:

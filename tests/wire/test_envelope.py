@@ -103,6 +103,14 @@ def test_utc_timestamp_converts_to_utc_and_truncates_to_milliseconds() -> None:
     assert datetime.fromisoformat(utc_timestamp().replace("Z", "+00:00")).tzinfo == UTC
 
 
+def test_utc_timestamp_keeps_four_digit_years_and_whole_seconds() -> None:
+    # strftime's %Y gave "1-01-01...", which the envelope's timestamp pattern refuses.
+    assert utc_timestamp(datetime(1, 2, 3, 4, 5, 6, tzinfo=UTC)) == "0001-02-03T04:05:06.000Z"
+    assert utc_timestamp(datetime(999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)) == (
+        "0999-12-31T23:59:59.999Z"
+    )
+
+
 def test_tool_call_ids_cannot_be_empty() -> None:
     payload = {**PAYLOADS["agent.tool.started"], "tool_call_id": ""}
     with pytest.raises(ValidationError, match="tool_call_id"):
