@@ -66,8 +66,9 @@ def main() -> None:
 @click.option(
     "--redis-read-delay",
     type=float,
-    help="Latency budget: seconds Redis pub/sub is left unread after each read, to "
-    "deliver what arrives meanwhile in one pass; 0 is off [0.002].",
+    help="Latency budget: when Redis pub/sub reads come faster than this, seconds it is "
+    "left unread after each, to deliver what arrives meanwhile in one pass; 0 is off "
+    "[0.002].",
 )
 @click.option("--redis-prefix", help=f"Prefix of every Redis key [{DEFAULT_REDIS_PREFIX}].")
 @click.option(

@@ -588,6 +588,32 @@ async def test_with_a_read_delay_what_arrives_meanwhile_is_read_in_one_pass(
     assert reads <= 3  # "first" alone, then the 50 together (a split read at most)
 
 
+async def test_with_a_read_delay_slow_traffic_is_read_at_once(
+    redis_server: RedisServer, cluster: Callable[..., Any]
+) -> None:
+    """Pausing batches nothing when publications come less often than the read delay: a
+    wake-up long after the one before leaves the connection reading; the next one
+    within the delay pauses it."""
+    node = await cluster(redis_server.url, read_delay=1.0)
+    await node.backend.subscribe(APP, "chat")
+    reader = node.backend._reader
+    assert reader is not None
+    assert reader._transport is not None
+    await asyncio.sleep(1.1)  # more than read_delay since the subscribe's reply
+    client = Redis.from_url(redis_server.url)
+    try:
+        await publish_via_redis(client, node.backend.prefix, pub("lone"))
+        await node.wait_for("chat", 1)
+        assert not reader._paused
+        assert reader._transport.is_reading()
+        await publish_via_redis(client, node.backend.prefix, pub("soon after"))
+        await node.wait_for("chat", 2)
+        assert reader._paused  # two wake-ups within the delay: what follows waits
+    finally:
+        await client.aclose()
+    assert [p.data for p in node.on("chat")] == ["lone", "soon after"]
+
+
 def orjson_payload(i: int) -> bytes:
     return b'[1,"%s","chat","agent.event","n%d",null,null]' % (APP.encode(), i)
 
