@@ -115,6 +115,10 @@ class _Channel:
     filling: list[Publication] | None = None
     held_bytes: int = 0
     shed: bool = False
+    # The backend stopped reading the store of ``last`` while that store may still have
+    # taken publications (a failover it followed): until the same epoch goes on, a new
+    # epoch cannot prove that the old one ended at ``last``.
+    doubt: bool = False
 
 
 class _Unfillable(Exception):
@@ -147,6 +151,7 @@ class Hub:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._starts: list[float] = []  # delivered this tick, latency not yet observed
         self._fills: set[asyncio.Task[None]] = set()
+        self._breaks = backend.breaks  # the backend's breaks already marked
 
     def subscriber_count(self, app_id: str, channel: str) -> int:
         """Local connections subscribed to ``channel``."""
@@ -331,11 +336,17 @@ class Hub:
         if entry is None:
             return
         if position is not None:
+            if self._backend.breaks != self._breaks:
+                self._mark_breaks()
             last = entry.last
-            if entry.filling is not None or (
-                last is not None
-                and (position.offset != last.offset + 1 or position.epoch != last.epoch)
-            ):  # a copy, a gap, a new epoch or a gap being filled: the full path
+            if (
+                entry.filling is not None
+                or entry.doubt
+                or (
+                    last is not None
+                    and (position.offset != last.offset + 1 or position.epoch != last.epoch)
+                )
+            ):  # a copy, a gap, a new epoch, a gap being filled or a doubt: the full path
                 publication = protocol.channel_event_publication(
                     app_id, position, exclude_socket_id, frame
                 )
@@ -365,6 +376,8 @@ class Hub:
         held publications these are started)."""
         position = publication.position
         if position is not None:
+            if self._backend.breaks != self._breaks:
+                self._mark_breaks()
             if entry.filling is not None:
                 self._hold(entry, publication)
                 return
@@ -392,8 +405,14 @@ class Hub:
                 self._went_back(key, entry, live, position)
             elif position.offset > last.offset + 1:
                 gap = last
-        elif last is not None and position.offset > 1:  # a new epoch, its start missed
-            gap = Position(0, position.epoch)
+            else:
+                entry.doubt = False  # the same store's epoch goes on
+        elif last is not None:  # a new epoch
+            if entry.doubt:
+                self._lost(key, entry, _doubt(last, position.epoch))
+                return False
+            if position.offset > 1:  # its start missed
+                gap = Position(0, position.epoch)
         if gap is not None and self._fill(key, entry, gap, publication, filled):
             return False
         entry.last = entry.live = position
@@ -462,9 +481,19 @@ class Hub:
         if state.held_bytes > self._max_buffer_bytes:
             conn.slow_consumer()
 
+    def _mark_breaks(self) -> None:
+        """The backend stopped reading a store that may still take publications: put
+        every channel with a position in doubt (see ``_Channel.doubt``)."""
+        self._breaks = self._backend.breaks
+        for entry in self._channels.values():
+            if entry.last is not None:
+                entry.doubt = True
+
     def check_gaps(self) -> None:
         """Fill what every channel missed after its last delivered position (call it
         when the backend reconnected: the gap may be at the end of a stream)."""
+        if self._backend.breaks != self._breaks:
+            self._mark_breaks()
         for key, entry in self._channels.items():
             if entry.last is not None and entry.filling is None:
                 self._fill(key, entry, entry.last, None, None)
@@ -545,6 +574,7 @@ class Hub:
         result = await self._read_retrying(key, entry, since)
         latest = result.position
         if result.recovered:
+            entry.doubt = False  # the store's history goes on from ``since``
             return since, result.publications
         if latest is None:
             return since, ()  # nothing stored (Redis restarted empty): nothing to read
@@ -554,6 +584,8 @@ class Hub:
                 # its last publications; the next publication starts a new epoch).
                 return since, ()
             raise _Unfillable(f"publications after {since} are missing from the history")
+        if entry.doubt:
+            raise _Unfillable(_doubt(since, latest.epoch))
         since = Position(0, latest.epoch)  # the epoch changed: its start
         result = await self._read_retrying(key, entry, since)
         if not result.recovered:
@@ -594,6 +626,7 @@ class Hub:
             len(entry.subscribers),
         )
         entry.last = entry.live = None
+        entry.doubt = False
         for conn in list(entry.subscribers):
             conn.close(ErrorCode.OVER_CAPACITY, "missed publications: reconnect and resume")
 
@@ -621,6 +654,13 @@ class Hub:
 
 
 _MISSING = _Recovery()
+
+
+def _doubt(last: Position, epoch: str) -> str:
+    return (
+        f"epoch {epoch} began after the node followed a failover: publications after "
+        f"{last} may have gone to the old primary, which it no longer read"
+    )
 
 
 def _is_new(position: Position | None, after: Position | None) -> bool:

@@ -136,6 +136,15 @@ class Broker(Protocol):
         cannot lose its connection). The node fills every channel's gap after a change."""
         ...
 
+    @property
+    def breaks(self) -> int:
+        """How many times the backend stopped listening to a store that may still take
+        publications: it followed a failover to a new primary, or gave up on a server
+        that stopped answering. What was published there afterwards never reaches this
+        node, so the hub cannot prove that a channel's epoch ended where it stopped
+        reading (0 for a backend that cannot break)."""
+        ...
+
     async def start(
         self,
         on_publication: PublicationHandler,

@@ -100,6 +100,7 @@ class MemoryBackend:
         self.history_ttl = history_ttl
         self.history_meta_ttl = history_meta_ttl
         self.reconnects = 0
+        self.breaks = 0  # one process: nothing is published where this node cannot hear
         self._node_id = node_id or secrets.token_hex(8)
         self._clock = clock
         self._ready = False

@@ -706,6 +706,9 @@ class RedisBackend:
         self.read_delay = read_delay
         self.reconnects = 0
         """Times the connection to Redis was lost and established again."""
+        self.breaks = 0
+        """Times the node stopped reading a server that may still take publications
+        (see :attr:`broadcaster.backends.base.Broker.breaks`)."""
         self._node_id = node_id or secrets.token_hex(8)
         self._node_key = f"{prefix}:#node:{self._node_id}"
         self._node_prefix = f"{prefix}:#node:"
@@ -1726,6 +1729,7 @@ class RedisBackend:
         loop = asyncio.get_running_loop()
         if conn is not None and loop.time() - self._pong_at > 3 * self.heartbeat_interval:
             log.warning("Redis at %s stopped answering PINGs on the pub/sub connection", self.url)
+            self.breaks += 1  # frozen or cut off: it may still take others' publications
             await self._drop_pubsub()  # the reader fails and the node reconnects
             return
         if conn is not None:

@@ -203,6 +203,12 @@ class RedisSentinelBackend(RedisBackend):
         if (self._connect_kwargs.get("host"), self._connect_kwargs.get("port")) == (host, port):
             return  # already there (reconnected after the old primary died)
         log.warning("Sentinel made %s:%d the primary of %s; following it", host, port, self.service)
+        reader = self._reader
+        if reader is not None and not reader.lost.done():
+            # Still reading the old primary, which may take other nodes' publications
+            # until Sentinel demotes it. (Not after it died: what it published before
+            # it closed the connection was read.)
+            self.breaks += 1
         await self._drop_publisher()
         await self._drop_pubsub()  # the node reconnects, asking Sentinel for the primary
         with contextlib.suppress(*_ERRORS):
@@ -218,6 +224,7 @@ class RedisSentinelBackend(RedisBackend):
     async def _follow_primary(self) -> None:
         """A demoted primary answered ``READONLY``: reconnect through Sentinel (dropping
         the pub/sub connection makes the node reconnect, asking for the primary)."""
+        # No break: it read the old primary until it was demoted, and took no writes since.
         await self._drop_publisher()
         await self._drop_pubsub()
 

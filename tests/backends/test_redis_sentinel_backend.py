@@ -166,6 +166,9 @@ async def test_a_manual_failover_is_followed_before_the_old_primary_is_demoted(
         positions = [await _publish_when_ready(publisher, pub(f"after-{n}")) for n in range(5)]
         await subscriber.wait_for("chat", 6)
         assert "role:master" in command(old, "info", "replication"), "demoted too soon"
+        # Each node stopped reading a primary that still took writes: a break (the hub
+        # then doubts a new epoch, see tests/broadcaster/test_hub.py).
+        assert all(node.backend.breaks >= 1 for node in started)
 
         def demoted() -> bool:
             return "role:slave" in command(old, "info", "replication")

@@ -315,6 +315,75 @@ async def test_a_store_that_went_back_in_a_failover_is_no_gap_and_its_new_epoch_
     assert raw.closed_with is None
 
 
+async def test_a_new_epoch_after_the_node_followed_a_failover_closes_with_4100(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The node left a primary that may still take publications (a manual failover:
+    another node published there after this one moved): the new epoch cannot show where
+    the old one ended, so its subscribers are closed to resume (``recovered: false``)
+    instead of going on past a possible gap."""
+    backend = ScriptedBackend()
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH)
+    for n in (1, 2):
+        hub.deliver(publication(CH, n))
+    backend.breaks += 1  # followed +switch-master
+    with caplog.at_level(logging.WARNING, logger="broadcaster.hub"):
+        hub.deliver(publication(CH, 1, epoch="e2"))
+    await tick()
+    assert raw.offsets() == [1, 2]
+    assert raw.closed_with == 4100
+    assert "followed a failover" in caplog.text
+
+
+async def test_after_a_break_the_same_epoch_going_on_is_no_doubt() -> None:
+    """Back on the same store (its epoch goes on in order): a later new epoch is a
+    plain start again."""
+    backend = ScriptedBackend()
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH)
+    hub.deliver(publication(CH, 1))
+    backend.breaks += 1
+    hub.deliver(publication(CH, 2))
+    hub.deliver(publication(CH, 1, epoch="e2"))
+    await tick()
+    assert raw.offsets() == [1, 2, 1]
+    assert raw.closed_with is None
+
+
+async def test_a_gap_fill_after_a_break_that_finds_a_new_epoch_closes_with_4100() -> None:
+    """The reconnection's fill reads the new primary: a new epoch there, after a break,
+    is the same doubt as a live one."""
+    backend = ScriptedBackend(streams={CH: stream(1, 2, epoch="e2")})
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH)
+    hub.deliver(publication(CH, 5))
+    backend.breaks += 1
+    hub.check_gaps()
+    await hub.drain_fills()
+    await tick()
+    assert raw.offsets() == [5]
+    assert raw.closed_with == 4100
+
+
+async def test_a_gap_fill_after_a_break_in_the_same_epoch_fills_it() -> None:
+    backend = ScriptedBackend(streams={CH: stream(1, 2, 3)})
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH)
+    hub.deliver(publication(CH, 1))
+    backend.breaks += 1
+    hub.check_gaps()
+    await hub.drain_fills()
+    hub.deliver(publication(CH, 1, epoch="e2"))  # recovered above: no doubt left
+    await tick()
+    assert raw.offsets() == [1, 2, 3, 1]
+    assert raw.closed_with is None
+
+
 async def test_the_start_of_a_new_epoch_is_filled() -> None:
     """The channel's history was lost and started again: what the new epoch published
     before this node noticed is read from its start."""

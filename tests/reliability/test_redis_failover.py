@@ -101,15 +101,24 @@ async def test_publications_lost_by_replication_are_no_silent_gap(
 async def test_a_manual_failover_loses_nothing(
     topology: str, server_factory: ServerFactory
 ) -> None:
-    """``CLUSTER FAILOVER`` / ``SENTINEL FAILOVER`` (maintenance) under publishing load:
-    every accepted publication reaches every live client, none is disconnected, up to
-    after the old primary became a replica (Sentinel demotes it about 10 s later)."""
+    """``CLUSTER FAILOVER`` / ``SENTINEL FAILOVER`` (maintenance) under publishing load,
+    up to after the old primary became a replica (Sentinel demotes it about 10 s later):
+    no silent gap for a live client.
+
+    ``CLUSTER FAILOVER`` is coordinated (the old primary hands over once its replica has
+    caught up): every live client gets every accepted publication and none is
+    disconnected. Under Sentinel the old primary takes writes until it is demoted, from
+    a node that has not yet followed the switch, which a node that did follow never
+    reads: each live client either gets every accepted publication, or is closed with
+    4100 when the channel's new epoch begins, and its resume from its last position is
+    then ``recovered: false``, or ``recovered: true`` with everything it missed."""
     channel = "agent.manual-failover"
     with _topology(topology) as faults:
         nodes = [server_factory("--backend", faults.url, *SERVE_ARGS) for _ in range(2)]
         for node in nodes:
             node.wait_ready()
-        live = [Reader(await _subscribed(n, channel)).start() for n in nodes for _ in range(2)]
+        live = [(n, Reader(await _subscribed(n, channel)).start()) for n in nodes for _ in range(2)]
+        resumed: list[tuple[Reader, Reader]] = []
         stop = False
         publisher = Publisher([n.url for n in nodes], channel)
         publishing = asyncio.create_task(publisher.run(lambda: stop))
@@ -125,19 +134,43 @@ async def test_a_manual_failover_loses_nothing(
             await eventually(demoted, "the old primary to become a replica", within=40, every=0.2)
             mark = len(publisher.accepted)
             await eventually(lambda: len(publisher.accepted) >= mark + 40, "publishing after")
+            for node, reader in live:  # closed to resume: resume, as pusher-js would
+                if reader.ended is not None:
+                    assert "4100" in reader.ended, reader.ended
+                    assert reader.positions, "closed before it read anything"
+                    again = await _subscribed(node, channel, reader.positions[-1])
+                    resumed.append((reader, Reader(again).start()))
+            mark = len(publisher.accepted)
+            await eventually(lambda: len(publisher.accepted) >= mark + 20, "publishing on")
         finally:
             stop = True
             await publishing
-        last = publisher.accepted[-1]
-        await eventually(lambda: all(r.seqs and r.seqs[-1] >= last for r in live), "delivery")
-        for reader in live:
-            assert reader.ended is None, reader.ended
-            assert deduplicated(reader.seqs, publisher.retried) == publisher.accepted
+        accepted = publisher.accepted
+        last = accepted[-1]
+        still = [reader for _, reader in live if reader.ended is None]
+        readers = still + [back for _, back in resumed]
+        await eventually(lambda: all(r.seqs and r.seqs[-1] >= last for r in readers), "delivery")
+        for reader in still:
+            assert deduplicated(reader.seqs, publisher.retried) == accepted
+        for reader, back in resumed:
+            assert back.resumes, "no resume answer"
+            if back.resumes[0]["recovered"]:
+                seen = deduplicated(reader.seqs + back.seqs, publisher.retried)
+                assert seen == accepted, sorted(set(accepted) - set(seen))[:10]
+            else:  # told: it reloads its state, and reads on from there
+                tail = deduplicated(back.seqs, publisher.retried)
+                assert tail, "the resumed client read nothing"
+                assert tail == accepted[accepted.index(tail[0]) :]
+        if topology == "cluster":
+            assert not resumed, "a coordinated failover disconnected live clients"
+        for reader in [*(r for _, r in live), *(b for _, b in resumed)]:
             await reader.stop()
         report(
             f"redis_manual_failover_{topology}",
-            accepted=len(publisher.accepted),
+            accepted=len(accepted),
             refused_attempts=publisher.refused,
+            closed_with_4100=len(resumed),
+            resumed_recovered=sum(1 for _, back in resumed if back.resumes[0]["recovered"]),
         )
 
 

@@ -39,6 +39,7 @@ class ScriptedBackend:
     fail: set[str] = field(default_factory=set)
     failures: dict[str, int] = field(default_factory=dict)
     calls: list[tuple[Any, ...]] = field(default_factory=list)
+    breaks: int = 0  # a test adds one where the node followed a failover
 
     def append(self, channel: str, *publications: Publication) -> None:
         self.streams.setdefault(channel, []).extend(publications)
