@@ -20,6 +20,7 @@ server.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import logging
@@ -59,17 +60,19 @@ def _has_method(cls: type, name: str) -> bool:
     return callable(getattr(cls, name, None))
 
 
-def instance_attributes(cls: type) -> set[str]:
+@functools.cache
+def instance_attributes(cls: type) -> frozenset[str]:
     """Names assigned as ``self.<name>`` in the methods of ``cls`` and its bases, plus
-    its class attributes; empty for a class whose source cannot be read."""
+    its class attributes; empty for a class whose source cannot be read. Read once per
+    class and process (a server started again in the same process reads nothing)."""
     names: set[str] = set()
     for klass in cls.__mro__[:-1]:
         names.update(vars(klass))
         try:
-            source = textwrap.dedent(inspect.getsource(klass))
+            tree = _parsed(klass)
         except (OSError, TypeError):
             continue
-        for node in ast.walk(ast.parse(source)):
+        for node in ast.walk(tree):
             if (
                 isinstance(node, ast.Attribute)
                 and isinstance(node.ctx, ast.Store)
@@ -77,7 +80,27 @@ def instance_attributes(cls: type) -> set[str]:
                 and node.value.id == "self"
             ):
                 names.add(node.attr)
-    return names
+    return frozenset(names)
+
+
+def _parsed(klass: type) -> ast.Module:
+    """The syntax tree of ``klass``'s source.
+
+    CPython 3.11 can raise ``SystemError: AST constructor recursion depth mismatch``
+    from a valid parse (python/cpython#106905; seen here on 3.11.7, in a test run that
+    started a server in-process many times): the parse is tried once more before the
+    error stands."""
+    for attempt in (1, 2):
+        try:
+            return ast.parse(_source(klass))
+        except SystemError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _source(klass: type) -> str:
+    return textwrap.dedent(inspect.getsource(klass))  # inspect parses the module too
 
 
 WEBSOCKET = (
