@@ -646,6 +646,7 @@ class RedisClusterBackend(RedisBackend):
         for shard in list(self._shards.values()):
             if now - shard.pong_at > 3 * self.heartbeat_interval:
                 log.warning("shard %s:%d stopped answering PINGs", *shard.address)
+                self.breaks += 1  # cut off or frozen: it may still take others' writes
                 self._moved |= shard.channels
                 await self._close_shard(shard)
                 self._trouble.set()

@@ -216,6 +216,8 @@ async def test_an_unresponsive_redis_is_detected_by_the_heartbeat(
     redis.proc.send_signal(signal.SIGSTOP)
     try:
         await eventually(lambda: not node.backend.ready, "the heartbeat to notice")
+        # It stopped reading a server that may still take others' writes: a break.
+        await eventually(lambda: node.backend.breaks == 1, "the pub/sub connection dropped")
     finally:
         redis.proc.send_signal(signal.SIGCONT)
 

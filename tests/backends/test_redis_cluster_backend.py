@@ -201,6 +201,24 @@ async def test_the_shard_readers_take_the_read_delay(nodes: Start) -> None:
         await subscriber.wait_for(channel)
 
 
+async def test_a_shard_that_stops_answering_pings_is_a_break_and_is_followed(
+    nodes: Start,
+) -> None:
+    """A shard connection without a PONG for three heartbeats (the shard frozen or cut
+    off, perhaps still taking other nodes' writes) is dropped and counted as a break,
+    and the node subscribes its channels again."""
+    publisher, subscriber = await nodes(), await nodes()
+    await subscriber.backend.subscribe(APP, "frozen")
+    name = channel_key(subscriber.backend.prefix, APP, "frozen", "pub").encode()
+    (shard,) = [s for s in subscriber.backend._shards.values() if name in s.channels]
+    shard.pong_at = 0.0  # as if the last PONG came long ago
+    await subscriber.backend._heartbeat()
+    assert subscriber.backend.breaks == 1
+    await eventually(lambda: subscriber.backend.reconnects == 1, "the channel subscribed again")
+    await publisher.backend.publish(pub("after", "frozen"))
+    await subscriber.wait_for("frozen")
+
+
 def _shard_subscribers(port: int) -> list[str]:
     """Ids of the clients of the Redis at ``port`` with sharded subscriptions."""
     ids = []
