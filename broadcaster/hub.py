@@ -658,8 +658,9 @@ _MISSING = _Recovery()
 
 def _doubt(last: Position, epoch: str) -> str:
     return (
-        f"epoch {epoch} began after the node followed a failover: publications after "
-        f"{last} may have gone to the old primary, which it no longer read"
+        f"epoch {epoch} began after the node stopped reading the primary it had (it "
+        f"followed a failover, or the primary stopped answering): publications after "
+        f"{last} may have gone there unseen"
     )
 
 

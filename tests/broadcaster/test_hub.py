@@ -334,7 +334,7 @@ async def test_a_new_epoch_after_the_node_followed_a_failover_closes_with_4100(
     await tick()
     assert raw.offsets() == [1, 2]
     assert raw.closed_with == 4100
-    assert "followed a failover" in caplog.text
+    assert "stopped reading the primary" in caplog.text
 
 
 async def test_after_a_break_the_same_epoch_going_on_is_no_doubt() -> None:
