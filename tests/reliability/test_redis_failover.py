@@ -147,6 +147,9 @@ async def test_a_manual_failover_loses_nothing(
             await publishing
         accepted = publisher.accepted
         last = accepted[-1]
+        resumers = [reader for reader, _ in resumed]
+        late = [r.ended for _, r in live if r.ended is not None and r not in resumers]
+        assert not late, f"closed after the resumes were made, never checked: {late}"
         still = [reader for _, reader in live if reader.ended is None]
         readers = still + [back for _, back in resumed]
         await eventually(lambda: all(r.seqs and r.seqs[-1] >= last for r in readers), "delivery")
