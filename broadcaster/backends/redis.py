@@ -456,7 +456,8 @@ class PubSubReader(asyncio.Protocol):
     ``on_reply`` at once, with no task, future or stream buffer per reply.
 
     With ``read_delay`` > 0, after a wake-up that came within ``read_delay`` of the one
-    before (publications arriving faster than one per ``read_delay``), it stops reading
+    before or of the end of the last pause (publications arriving faster than one per
+    ``read_delay``), it stops reading
     for that long, so the publications that arrive meanwhile are read in one wake-up (one
     system call, one delivery pass, one write per client) instead of one each: less CPU
     per message under load, at most ``read_delay`` more latency. Slower traffic is read
@@ -505,6 +506,9 @@ class PubSubReader(asyncio.Protocol):
 
     def _resume(self) -> None:
         self._paused = False
+        # What arrived during the pause is read now, one more busy read: counted from
+        # here, it pauses again, as a steady stream of publications should.
+        self._last_read = time.monotonic()
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.resume_reading()

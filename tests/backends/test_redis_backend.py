@@ -601,7 +601,9 @@ async def test_with_a_read_delay_slow_traffic_is_read_at_once(
     reader = node.backend._reader
     assert reader is not None
     assert reader._transport is not None
-    await asyncio.sleep(1.1)  # more than read_delay since the subscribe's reply
+    # More than read_delay since the subscribe's reply and the end of the pause it may
+    # have started.
+    await asyncio.sleep(2.1)
     client = Redis.from_url(redis_server.url)
     try:
         await publish_via_redis(client, node.backend.prefix, pub("lone"))
@@ -611,9 +613,12 @@ async def test_with_a_read_delay_slow_traffic_is_read_at_once(
         await publish_via_redis(client, node.backend.prefix, pub("soon after"))
         await node.wait_for("chat", 2)
         assert reader._paused  # two wake-ups within the delay: what follows waits
+        await publish_via_redis(client, node.backend.prefix, pub("during the pause"))
+        await node.wait_for("chat", 3)  # read when the pause ended
+        assert reader._paused  # that read was busy too: steady traffic keeps batching
     finally:
         await client.aclose()
-    assert [p.data for p in node.on("chat")] == ["lone", "soon after"]
+    assert [p.data for p in node.on("chat")] == ["lone", "soon after", "during the pause"]
 
 
 def orjson_payload(i: int) -> bytes:
