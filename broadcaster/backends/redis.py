@@ -1607,7 +1607,7 @@ class RedisBackend:
         confirmation."""
         conn = self._pubsub
         if conn is None or not conn.is_connected:
-            if kind == b"subscribe" and not self._stopped:
+            if kind == self._SUBSCRIBE and not self._stopped:
                 await self._next_pass()
             return
         loop = asyncio.get_running_loop()

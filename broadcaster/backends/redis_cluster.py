@@ -363,7 +363,7 @@ class RedisClusterBackend(RedisBackend):
                 subscribe pass did not take within ``command_timeout``.
         """
         if not self._ready:
-            if kind == b"ssubscribe":
+            if kind == self._SUBSCRIBE:
                 self._moved.add(name)
                 self._trouble.set()
                 await self._next_pass()
@@ -373,7 +373,7 @@ class RedisClusterBackend(RedisBackend):
         waiters = self._waiters.setdefault((kind, name), deque())
         waiters.append(waiter)
         try:
-            if kind == b"ssubscribe":
+            if kind == self._SUBSCRIBE:
                 shard = await self._shard(self._owner(name))
                 shard.channels.add(name)
             else:
