@@ -72,7 +72,7 @@ async def test_no_silent_gap_when_the_primary_is_killed(
 
     assert trial.silent_gaps == []
     assert trial.live_clients == 4
-    assert trial.accepted > trial.accepted_before_kill + 60  # publishing went on after it
+    assert trial.accepted >= trial.accepted_before_kill + 60  # publishing went on after it
     assert trial.resumed_recovered is not None
     # A resume across the failover may be recovered only when nothing was lost.
     assert not (trial.lost_by_replication and trial.resumed_recovered)
