@@ -109,9 +109,14 @@ WEBSOCKET = (
         cls="WebSocketsSansIOProtocol",
         methods=(
             "connection_lost",
+            "data_received",
             "handle_connect",
+            "handle_cont",
             "handle_parser_exception",
+            "handle_ping",
             "on_task_complete",
+            "pause_writing",
+            "resume_writing",
             "send_receive_event_to_app",
             "shutdown",
             "stop_keepalive",
@@ -145,7 +150,7 @@ WEBSOCKET = (
         module="websockets.server",
         cls="ServerProtocol",
         methods=("accept", "data_to_send", "send_close", "send_response"),
-        attributes=("max_message_size",),
+        attributes=("handshake_exc", "max_message_size"),
     ),
 )
 """What :class:`broadcaster._uvicorn.FastWebSocketProtocol` relies on."""

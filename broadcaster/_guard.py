@@ -61,7 +61,14 @@ from broadcaster.transport import (
     ReportsLoss,
 )
 
-__all__ = ["MAX_HEAD_BYTES", "RETRY_AFTER", "AddressSlots", "GuardedHttpProtocol", "http_class"]
+__all__ = [
+    "MAX_HEAD_BYTES",
+    "RETRY_AFTER",
+    "AddressSlots",
+    "GuardedHttpProtocol",
+    "http_class",
+    "refusal",
+]
 
 log = logging.getLogger("broadcaster.server")
 
@@ -383,7 +390,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             "connections per client address (max_connections_per_ip); close some or "
             f"retry in {RETRY_AFTER} s"
         )
-        self.transport.write(_refusal(429, message, (b"retry-after", str(RETRY_AFTER).encode())))
+        self.transport.write(refusal(429, message, (b"retry-after", str(RETRY_AFTER).encode())))
         # Closed once the request head is read (closing with it unread could reset the
         # connection before the client reads the answer), or after a short grace.
         self._head_timer = self.loop.call_later(
@@ -391,7 +398,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         )
 
     def _answer(self, status: int, message: str) -> None:
-        self.transport.write(_refusal(status, message))
+        self.transport.write(refusal(status, message))
         self.transport.close()
 
 
@@ -473,7 +480,9 @@ def _response(head: bytes, answer: Answer, keep_alive: bool) -> bytes:
     )
 
 
-def _refusal(status: int, message: str, *headers: tuple[bytes, bytes]) -> bytes:
+def refusal(status: int, message: str, *headers: tuple[bytes, bytes]) -> bytes:
+    """A whole answer refusing a request before any application sees it: ``status`` and
+    the JSON ``{"error": message, "status": status}``, then the connection closes."""
     body = json.dumps({"error": message, "status": status}).encode()
     lines = [
         f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode(),

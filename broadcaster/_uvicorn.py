@@ -30,9 +30,12 @@ from urllib.parse import unquote
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.datastructures import Headers
+from websockets.frames import Frame
 from websockets.http11 import Request
 
 from broadcaster._frames import close_reason
+from broadcaster._guard import refusal
+from broadcaster._text import excerpt
 from broadcaster.codes import CloseCode, ErrorCode
 from broadcaster.transport import EXTENSION, SESSIONS_STATE, Session, Sessions
 
@@ -70,6 +73,7 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
 
     shutdown_abort_after = 5.0
     session: Session | None = None  # a class default: no instance entry unless native
+    output_full = False  # between pause_writing and resume_writing (class default, as above)
     on_lost: Callable[[], None] | None = None  # called once the transport is gone
 
     def handle_connect(self, event: Request) -> None:
@@ -114,6 +118,22 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
         self.server = None
         self.session = sessions.open(self, path, query, origin)
 
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if not self.handshake_complete and (exc := self.conn.handshake_exc) is not None:
+            self._refuse_unreadable_upgrade(exc)
+
+    def _refuse_unreadable_upgrade(self, exc: Exception) -> None:
+        # The websockets parser gave up on the request (over 128 headers, a line over
+        # 8 KiB): uvicorn would neither answer nor close, and the connection, past the
+        # head deadline of the HTTP protocol, would stay open for good.
+        if self.handshake_initiated or self.transport.is_closing():
+            return
+        cause = exc.__cause__ or exc
+        message = f"invalid WebSocket upgrade request: {excerpt(str(cause))}"
+        self.transport.write(refusal(400, message))
+        self.transport.close()
+
     def send_receive_event_to_app(self) -> None:
         session = self.session
         if session is None:
@@ -154,8 +174,45 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
     def resume_reading(self) -> None:
         if self.read_paused:
             self.read_paused = False
-            if not self.transport.is_closing():
+            if not (self.output_full or self.transport.is_closing()):
                 self.transport.resume_reading()
+
+    def pause_writing(self) -> None:
+        # The peer does not read what we send: stop reading what it sends until it
+        # does. Otherwise each of its PINGs adds a PONG to a buffer that never drains.
+        super().pause_writing()
+        self.output_full = True
+        if not (self.close_sent or self.transport.is_closing()):
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self.output_full = False
+        if not (self.read_paused or self.transport.is_closing()):
+            self.transport.resume_reading()
+
+    def handle_ping(self) -> None:
+        output = self.conn.data_to_send()
+        if self.close_sent:
+            return  # nothing goes out after our close frame (RFC 6455, 5.5.1)
+        self.transport.write(b"".join(output))
+        if self.output_full:
+            # uvicorn's ASGI receive resumes reading on its own: pause again here.
+            self.transport.pause_reading()
+
+    def handle_cont(self, event: Frame) -> None:
+        # One growing buffer per fragmented message, not one object per fragment: a
+        # message of many 1-byte fragments would weigh 50 times its size limit.
+        frames = cast("list[bytes | bytearray]", self.frames)
+        buffer = frames[0] if len(frames) == 1 else None
+        if isinstance(buffer, bytearray):
+            buffer += event.data  # in place
+        else:
+            buffer = bytearray().join(frames) + event.data
+            self.frames = cast("list[bytes]", [buffer])
+        if event.fin:
+            self.frames = [bytes(buffer)]
+            self.send_receive_event_to_app()
 
     def run_task(self, work: Coroutine[Any, Any, None]) -> None:
         task = self.loop.create_task(work)
@@ -185,8 +242,9 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
         self.conn.send_close(code, reason)
         self.transport.write(b"".join(self.conn.data_to_send()))
         self.close_sent = True
-        if self.read_paused:
-            # Keep reading so that the peer's close frame (the end of the handshake) arrives.
+        if self.read_paused or self.output_full:
+            # Keep reading so that the peer's close frame (the end of the handshake)
+            # arrives; its PINGs are no longer answered (handle_ping).
             self.read_paused = False
             self.transport.resume_reading()
         self.close_timer = self.loop.call_later(abort_after, self.transport.abort)
