@@ -192,11 +192,19 @@ GUARD = (
     ),
     # A natively served request stands in for this class as the protocol's ``cycle``
     # (broadcaster._guard._NativeCycle): these are what uvicorn reads and writes there.
+    # An SSE stream that stalls is dropped through ``receive.__self__.transport``
+    # (broadcaster.sse._abort).
     Contract(
         module="uvicorn.protocols.http.httptools_impl",
         cls="RequestResponseCycle",
-        methods=(),
-        attributes=("disconnected", "keep_alive", "message_event", "response_complete"),
+        methods=("receive",),
+        attributes=(
+            "disconnected",
+            "keep_alive",
+            "message_event",
+            "response_complete",
+            "transport",
+        ),
     ),
     Contract(
         module="uvicorn.server",

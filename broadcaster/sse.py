@@ -23,6 +23,12 @@ own task turns it into SSE text, so the WebSocket fan-out is not slowed. The sam
 slow-consumer policy applies: a stream whose unsent bytes would exceed
 ``max_buffer_bytes`` is ended, and the client resumes from its last id.
 
+An ended stream (too slow, or the server shutting down) is unsubscribed at once, and
+its connection is dropped if the client has not taken the end of the stream within
+:attr:`ChannelFeed.drop_after` seconds (it stopped reading): as a WebSocket consumer that
+is too slow, or that does not answer the shutdown close frame, is dropped. A stalled
+client holds neither a subscription, nor memory, nor the graceful shutdown.
+
 Each stream holds one TCP connection, so streams count against the same per-address
 limit as WebSocket connections (``max_connections_per_ip``, one count for both, see
 :mod:`broadcaster._guard`): over it a new stream is answered ``429`` with
@@ -56,6 +62,8 @@ import asyncio
 import contextlib
 import logging
 import re
+import socket
+import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
@@ -97,6 +105,7 @@ __all__ = [
     "encode_event",
     "resume_position",
     "routes",
+    "stream_feed",
 ]
 
 log = logging.getLogger("broadcaster.sse")
@@ -150,11 +159,16 @@ class FeedConnection(QueuedConnection):
     reader task (:meth:`take`), under the node's byte limit and slow-consumer policy
     (over the limit, the feed ends with :attr:`ended` set)."""
 
-    __slots__ = ("ended",)
+    __slots__ = ("_over", "ended")
 
     def __init__(self, app: AppConfig, delivery: Delivery) -> None:
         super().__init__(protocol.new_socket_id(), app, delivery)
         self.ended: str | None = None
+        self._over = asyncio.Event()
+
+    async def wait_ended(self) -> None:
+        """Return once the feed has ended."""
+        await self._over.wait()
 
     async def take(self, wait: float) -> list[Outgoing]:
         """What was queued, waiting up to ``wait`` seconds for something (an empty
@@ -169,6 +183,7 @@ class FeedConnection(QueuedConnection):
 
     def _close_socket(self, code: int, reason: str, abort_after: float) -> None:
         self.ended = reason or f"closed ({code})"
+        self._over.set()
         self._wakeup.set()
 
     def __repr__(self) -> str:
@@ -256,9 +271,23 @@ class ChannelFeed:
         """Why the feed ended (it fell too far behind), or None while it runs."""
         return self.conn.ended
 
+    @property
+    def drop_after(self) -> float:
+        """Seconds the client of an ended feed has to take the rest of its stream before
+        its connection is dropped: the ``abort_after`` of a slow WebSocket consumer, but
+        no more than the half of ``shutdown_timeout`` that a WebSocket client has to
+        answer the shutdown close frame, so that a stalled stream, ended before or by a
+        shutdown, never holds the graceful shutdown longer."""
+        return min(self.node.delivery.abort_after, self.node.settings.shutdown_timeout / 2)
+
     async def aclose(self) -> None:
-        """Unsubscribe; idempotent."""
+        """Unsubscribe and drop what is still queued; idempotent."""
         self.conn.closed()
+        await self.leave()
+
+    async def leave(self) -> None:
+        """Unsubscribe, leaving what is queued to the reader; idempotent, but not to be
+        run by two tasks at once."""
         if self._resuming is not None:
             self._resuming.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -306,11 +335,51 @@ class EventStreamResponse(Response):
                 scope, receive, send
             )
             return
-        try:
-            body = StreamingResponse(_events(self.feed, self.heartbeat), 200, _HEADERS, MEDIA_TYPE)
-            await body(scope, receive, send)
-        finally:
-            await self.feed.aclose()
+        body = StreamingResponse(_events(self.feed, self.heartbeat), 200, _HEADERS, MEDIA_TYPE)
+        await stream_feed(self.feed, body, scope, receive, send)
+
+
+async def stream_feed(
+    feed: ChannelFeed, body: Response, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """Send ``body``, the response that streams ``feed`` (entered), then close the feed.
+
+    When the feed ends while ``body`` is still being sent (the client fell
+    ``max_buffer_bytes`` behind, or the server is shutting down), the feed unsubscribes
+    at once, and the connection is dropped if ``body`` is not sent within
+    :attr:`ChannelFeed.drop_after` seconds. Otherwise a client that stops reading keeps
+    its subscription, its buffers and a pending graceful shutdown for as long as it
+    stays connected: the response waits in ``send`` for a drain that never comes.
+    """
+    sending = asyncio.create_task(body(scope, receive, send))
+    ending = asyncio.create_task(feed.conn.wait_ended())
+    try:
+        await asyncio.wait((sending, ending), return_when=asyncio.FIRST_COMPLETED)
+        if not sending.done():
+            await feed.leave()
+            done, _ = await asyncio.wait((sending,), timeout=feed.drop_after)
+            if not done:
+                _abort(receive)  # then the response ends as for any lost client
+        await sending
+    finally:
+        ending.cancel()
+        sending.cancel()
+        await feed.aclose()
+
+
+def _abort(receive: Receive) -> None:
+    # ASGI cannot drop a connection: uvicorn closes the transport of a failed response,
+    # which waits (forever, here) for the client to take the buffered bytes. uvicorn's
+    # receive is a method of its request cycle, which holds the transport: abort that.
+    transport: Any = getattr(getattr(receive, "__self__", None), "transport", None)
+    if not callable(getattr(transport, "abort", None)):
+        log.warning("cannot drop a stalled stream: the server's transport is out of reach")
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:  # reset: after a plain close the kernel keeps sending the backlog
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 async def _events(feed: ChannelFeed, heartbeat: float) -> AsyncIterator[bytes]:

@@ -17,7 +17,7 @@ from broadcaster.backends.base import BackendUnavailable
 from broadcaster.node import Node
 from broadcaster.sessions import bearer_token, private_session_exists, token_grants
 from broadcaster.settings import AppConfig
-from broadcaster.sse import ChannelFeed
+from broadcaster.sse import ChannelFeed, stream_feed
 
 __all__ = ["FeedResponse", "RunHost", "json_error", "start_run"]
 
@@ -90,7 +90,8 @@ async def _refused(host: RunHost, request: Request, session_id: str, kind: str) 
 
 class FeedResponse(Response):
     """Opens the feed before answering (503, saying ``what`` cannot be followed, if it
-    cannot), streams ``body``, and closes the feed at the end."""
+    cannot), streams ``body``, and closes the feed at the end; a client that stops
+    reading is dropped as an SSE stream's is (:func:`broadcaster.sse.stream_feed`)."""
 
     def __init__(
         self,
@@ -112,10 +113,7 @@ class FeedResponse(Response):
             message = f"{self.what} cannot be followed now: {exc}"
             await json_error(503, message)(scope, receive, send)
             return
-        try:
-            response = StreamingResponse(
-                self.body_iterator, 200, self.stream_headers, "text/event-stream"
-            )
-            await response(scope, receive, send)
-        finally:
-            await self.feed.aclose()
+        response = StreamingResponse(
+            self.body_iterator, 200, self.stream_headers, "text/event-stream"
+        )
+        await stream_feed(self.feed, response, scope, receive, send)
