@@ -6,8 +6,9 @@ Every endpoint that reads a body (the HTTP API, the demo's ``POST /run`` and
 fast path through :class:`BodyReader`, the same without a ``Request``): a declared
 ``Content-Length`` over the limit is refused before reading, a body that grows over it
 is refused as soon as it does (nothing past the limit is kept), and a body that does not
-arrive within the time limit is refused too. Error messages and 422 details never carry
-more than :data:`EXCERPT` characters of what the client sent
+arrive within the time limit is refused too, and so is one whose client goes away before
+its end (:class:`ClientGone`: the answer reaches nobody). Error messages and 422 details
+never carry more than :data:`EXCERPT` characters of what the client sent
 (:func:`excerpt`, :func:`validation_details`), so an answer stays small whatever the
 request was.
 """
@@ -29,6 +30,7 @@ __all__ = [
     "MAX_DETAILS",
     "BodyReader",
     "BodyRefused",
+    "ClientGone",
     "describe_validation",
     "excerpt",
     "read_body",
@@ -51,6 +53,21 @@ class BodyRefused(Exception):
         self.message = message
 
 
+class ClientGone(BodyRefused):
+    """The client went away before the end of its body: there is nobody to answer.
+
+    A refusal like the others, so that an endpoint stops before acting on part of a body
+    (no run is started from half a ``POST /run``), and its answer goes nowhere: the
+    server drops what is sent on a closed connection. Without it, Starlette's
+    :class:`~starlette.requests.ClientDisconnect` would reach the server, which logs it
+    as an error with its traceback, a line any client could have written at will.
+    ``status`` is 499, nginx's "client closed request".
+    """
+
+    def __init__(self) -> None:
+        super().__init__(499, "the client went away before the end of the request body")
+
+
 async def read_body(request: Request, limit: int, within: float) -> bytes:
     """The body of ``request``, at most ``limit`` bytes, arrived within ``within`` seconds.
 
@@ -61,7 +78,8 @@ async def read_body(request: Request, limit: int, within: float) -> bytes:
 
     Raises:
         BodyRefused: 413 for a ``Content-Length`` or a body over ``limit`` (the rest is
-            not read), 408 when the body does not arrive in time.
+            not read), 408 when the body does not arrive in time, :class:`ClientGone`
+            (499) when the client goes away before its end.
     """
     _check_declared(request.headers.get("content-length", ""), limit)
     try:
@@ -69,6 +87,8 @@ async def read_body(request: Request, limit: int, within: float) -> bytes:
             return await _read(request, limit)
     except TimeoutError:
         raise _too_slow(within) from None
+    except ClientDisconnect:
+        raise ClientGone() from None
 
 
 class BodyReader:

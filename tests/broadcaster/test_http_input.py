@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.requests import Request
+from starlette.types import Message
 
-from broadcaster.http_input import describe_validation, excerpt, validation_details
+from broadcaster.http_input import (
+    ClientGone,
+    describe_validation,
+    excerpt,
+    read_body,
+    validation_details,
+)
 
 
 class Strict(BaseModel):
@@ -56,3 +64,19 @@ def test_at_most_ten_details_then_a_count() -> None:
 def test_describe_names_the_first_error() -> None:
     message = describe_validation(errors_of({"name": "n"}), "thing")
     assert message == "invalid thing: count: Field required"
+
+
+async def test_a_client_gone_before_the_end_of_its_body_is_a_refusal() -> None:
+    """Not Starlette's ClientDisconnect, which the server would log with a traceback."""
+    messages: list[Message] = [
+        {"type": "http.request", "body": b'{"input": "hi"}', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+
+    async def receive() -> Message:
+        return messages.pop(0)
+
+    request = Request({"type": "http", "method": "POST", "headers": []}, receive)
+    with pytest.raises(ClientGone) as refused:
+        await read_body(request, limit=1000, within=5)
+    assert refused.value.status == 499
