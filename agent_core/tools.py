@@ -38,7 +38,7 @@ _ARG_LINE = re.compile(r"^\s{2,}(\w+)\s*(?:\([^)]*\))?:\s*(.+)$")
 
 
 def _check_name(name: str) -> str:
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise ValueError(
             f"tool name {name!r} is invalid: use 1-64 letters, digits, '_' or '-' "
             "(the limit model providers enforce)"

@@ -197,7 +197,7 @@ class _Envelope(_Model):
     @field_validator("timestamp")
     @classmethod
     def _utc_millis(cls, value: str) -> str:
-        if not _TIMESTAMP.match(value):
+        if not _TIMESTAMP.fullmatch(value):
             raise ValueError(f"timestamp {value!r} is not UTC with milliseconds and Z")
         return value
 

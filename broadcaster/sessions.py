@@ -127,7 +127,7 @@ async def session_channel(node: Node, app: AppConfig, request: Request, session_
             asked for without any.
         BackendUnavailable: the backend cannot be read now.
     """
-    if not SESSION_ID.match(session_id):
+    if not SESSION_ID.fullmatch(session_id):
         raise SessionRefused(400, f"invalid session id {excerpt(session_id)}: {SESSION_ID.pattern}")
     private = private_channel(session_id)
     token, auth = bearer_token(request), request.query_params.get("auth")

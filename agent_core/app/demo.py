@@ -356,7 +356,7 @@ def _auth(demo: _Demo) -> Any:
         except InvalidSocketId as exc:
             return _error(400, str(exc))
         session_id = channel.removeprefix("private-agent.")
-        if not channel.startswith("private-agent.") or not SESSION_ID.match(session_id):
+        if not channel.startswith("private-agent.") or not SESSION_ID.fullmatch(session_id):
             return _error(403, f"{excerpt(channel)} is not a private agent session channel")
         if not token_grants(demo.app, token, session_id):
             return _error(403, f"the session token does not grant {channel!r}")

@@ -1911,7 +1911,7 @@ def _check_options(
 ) -> None:
     if not prefix or any(c.isspace() for c in prefix):
         raise ValueError(f"prefix must be a non-empty string without spaces, got {prefix!r}")
-    if node_id is not None and not _NAME.match(node_id):
+    if node_id is not None and not _NAME.fullmatch(node_id):
         raise ValueError(f"node_id may contain only letters, digits and _.- , got {node_id!r}")
     if not node_ttl > 0:
         raise ValueError(f"node_ttl must be a positive number of seconds, got {node_ttl!r}")

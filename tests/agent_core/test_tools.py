@@ -86,6 +86,9 @@ def test_untyped_and_variadic_parameters_are_rejected() -> None:
 def test_invalid_tool_name_is_rejected() -> None:
     with pytest.raises(ValueError, match="tool name 'has space' is invalid"):
         Tool.from_function(add, name="has space")
+    # A final newline is not the end of the name (``re.match`` with ``$`` allowed it).
+    with pytest.raises(ValueError, match="is invalid"):
+        Tool.from_function(add, name="add\n")
 
 
 def test_duplicate_names_are_rejected() -> None:

@@ -418,6 +418,8 @@ def test_options_are_validated_with_messages_that_name_them() -> None:
         RedisBackend("redis://localhost", prefix="")
     with pytest.raises(ValueError, match="node_id may contain only"):
         RedisBackend("redis://localhost", node_id="a:b")
+    with pytest.raises(ValueError, match="node_id may contain only"):
+        RedisBackend("redis://localhost", node_id="a\n")  # it would split a routing line
     with pytest.raises(ValueError, match="heartbeat_interval must be between"):
         RedisBackend("redis://localhost", node_ttl=1, heartbeat_interval=2)
     with pytest.raises(ValueError, match="history_size must be at least 1"):
