@@ -81,6 +81,7 @@ __all__ = [
     "check_protocol_version",
     "connection_established",
     "error",
+    "exact",
     "is_valid_socket_id",
     "member_added",
     "member_added_notice",
@@ -697,12 +698,23 @@ def check_channel_limit(app: AppConfig, subscribed: int, channel: str) -> None:
 # -- server frames ----------------------------------------------------------------------
 
 
+def exact(data: bytes) -> bytes:
+    """``data`` in an allocation of its own size.
+
+    orjson returns its output in a buffer it does not shrink (about 4 KB for a
+    300-byte frame, 64 KB for an 8 KB one, with orjson 3.13), so a frame waiting in a
+    connection's queue, a resume's held list or the transport would weigh many times
+    the bytes that ``max_buffer_bytes`` counts. Every server frame goes through this:
+    one copy, about 40 ns for a small frame."""
+    return b"".join((data, b""))  # two parts: always a new, exact bytes object
+
+
 def _frame(event: str, data: object, channel: str | None = None) -> bytes:
     # pusher:* and pusher_internal:* events carry data as a JSON-encoded string.
     frame: dict[str, object] = {"event": event, "data": orjson.dumps(data).decode()}
     if channel is not None:
         frame["channel"] = channel
-    return orjson.dumps(frame)
+    return exact(orjson.dumps(frame))
 
 
 def connection_established(socket_id: str, activity_timeout: int) -> bytes:
@@ -831,7 +843,7 @@ def channel_event(
         frame["user_id"] = user_id
     if position is not None:
         frame["position"] = str(position)
-    return orjson.dumps(frame)
+    return exact(orjson.dumps(frame))
 
 
 def channel_event_publication(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 from typing import Any
 
 import orjson
@@ -10,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broadcaster import protocol
 from broadcaster.channels import ChannelKind
 from broadcaster.codes import ErrorCode
 from broadcaster.exceptions import ProtocolError
@@ -627,3 +629,29 @@ def test_frames_are_valid_json_that_round_trips(
     assert orjson.loads(err["data"]) == {"code": 4300, "message": data}
     hashed = orjson.loads(orjson.loads(subscription_succeeded(channel, {user_id: info}))["data"])
     assert hashed["presence"] == {"ids": [user_id], "hash": {user_id: info}, "count": 1}
+
+
+@pytest.mark.parametrize("size", [300, 8000])
+def test_frames_weigh_their_size(size: int) -> None:
+    """A frame waiting in a queue weighs what max_buffer_bytes counts: orjson's output
+    buffer (about 4 KB for 300 bytes, 64 KB for 8 KB) is not kept."""
+    data = "x" * size
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        frames = [
+            *(protocol.channel_event("e", "agent.s", data, position=f"ab:{i}") for i in range(200)),
+            *(protocol.subscription_error("agent.s", data) for _ in range(200)),
+        ]
+        per_frame = (tracemalloc.get_traced_memory()[0] - before) / len(frames)
+    finally:
+        tracemalloc.stop()
+    longest = max(len(frame) for frame in frames)
+    assert per_frame < longest + 200, f"{per_frame:.0f} bytes per frame of {longest}"
+
+
+def test_an_exact_copy_is_a_new_equal_object() -> None:
+    data = orjson.dumps({"a": "b"})
+    copy = protocol.exact(data)
+    assert copy == data
+    assert copy is not data
