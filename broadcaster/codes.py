@@ -44,6 +44,12 @@ Code   Name                       Closes  When
 4307   PRESENCE_MEMBER_LIMIT      no      the presence channel has ``max_presence_members``
 4308   TOO_MANY_CHANNELS          no      the connection already has
                                           ``max_channels_per_connection`` subscriptions
+4309   SUBSCRIPTION_RATE_LIMIT    no      more subscribes than the app allows
+                                          (``subscription_rate_limit`` a second after a
+                                          burst of ``max_channels_per_connection`` plus
+                                          that rate),
+                                          sent as ``pusher:subscription_error`` (status
+                                          429); subscribe again later
 4009   SUBSCRIPTION_UNAUTHORIZED  no      the ``auth`` of a private or presence subscription
                                           is missing or wrong, or ``channel_data`` was sent
                                           on a private channel: 4009 as Reverb answers it, but
@@ -86,6 +92,7 @@ class ErrorCode(IntEnum):
     INVALID_CHANNEL_DATA = 4306
     PRESENCE_MEMBER_LIMIT = 4307
     TOO_MANY_CHANNELS = 4308
+    SUBSCRIPTION_RATE_LIMIT = 4309
     SUBSCRIPTION_UNAUTHORIZED = 4009  # an alias of UNAUTHORIZED; raised with close=False
 
     @property

@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 SLOW_CONSUMER_CODE = SLOW_CONSUMER
+_UNUSED = -1.0  # the subscribe bucket of a connection that never subscribed (shared)
 AsgiSend = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
@@ -109,6 +110,8 @@ class Connection:
         "_pending",
         "_pending_bytes",
         "_raw",
+        "_subscribe_at",
+        "_subscribe_tokens",
         "app",
         "channels",
         "last_seen",
@@ -133,6 +136,8 @@ class Connection:
         self._backlog = 0  # the transport's unsent bytes at this tick's first frame
         self._event_window = 0
         self._event_count = 0
+        self._subscribe_tokens = _UNUSED  # a full bucket until the first subscribe
+        self._subscribe_at = 0.0
 
     @classmethod
     def fast(cls, socket_id: str, app: AppConfig, delivery: Delivery, raw: RawSocket) -> Connection:
@@ -220,6 +225,21 @@ class Connection:
         """Drop what is queued and close with 4100 (the slow-consumer policy)."""
         if self.state is ConnectionState.OPEN:
             self._slow_consumer()
+
+    def allow_subscribe(self, now: float, per_second: int, burst: int) -> bool:
+        """Take one subscribe from a bucket of ``burst`` that refills at ``per_second``;
+        False when it is empty (nothing is taken then)."""
+        tokens = self._subscribe_tokens
+        if tokens is _UNUSED:
+            tokens = float(burst)
+        else:
+            tokens = min(float(burst), tokens + (now - self._subscribe_at) * per_second)
+        self._subscribe_at = now
+        if tokens < 1.0:
+            self._subscribe_tokens = tokens
+            return False
+        self._subscribe_tokens = tokens - 1.0
+        return True
 
     def allow_client_event(self, now: float, per_second: int) -> bool:
         """Count a client event against the per-second limit; False when over it."""

@@ -244,12 +244,25 @@ class Node:
         """Handle ``pusher:subscribe`` (auth, presence, resume from ``position``).
 
         Raises:
-            ProtocolError: bad auth, presence channel full, or the backend unavailable
-                (the connection is then closed with 4100: pusher-js reconnects after a
-                back-off and subscribes again, resuming from its position).
+            ProtocolError: over the subscribe rate (4309), bad auth, presence channel
+                full, or the backend unavailable (the connection is then closed with
+                4100: pusher-js reconnects after a back-off and subscribes again,
+                resuming from its position).
         """
         channel = command.channel
-        protocol.authorize_subscription(conn.app, conn.socket_id, command)
+        app = conn.app
+        rate = app.subscription_rate_limit
+        # A burst for every channel a client subscribes to as it connects, and a second.
+        burst = app.max_channels_per_connection + rate
+        if not conn.allow_subscribe(self._now(), rate, burst):
+            raise ProtocolError(
+                ErrorCode.SUBSCRIPTION_RATE_LIMIT,
+                f"more than {rate} subscribes a second on this connection (the app's "
+                "subscription_rate_limit); subscribe again later",
+                channel=channel,
+                close=False,
+            )
+        protocol.authorize_subscription(app, conn.socket_id, command)
         _authorize_user_channel(conn, channel)
         if channel in conn.channels:
             await self._succeeded(conn, channel, command.member is not None)

@@ -47,6 +47,10 @@ class AppConfig(BaseModel):
     max_presence_members: Annotated[int, Field(ge=1)] = 100
     # Centrifugo's default; bounds what one connection can make a node hold.
     max_channels_per_connection: Annotated[int, Field(ge=1)] = 128
+    # Subscribes a second per connection, after a burst of max_channels_per_connection
+    # plus this rate: bounds the member_added/member_removed storm that one presence
+    # member can make every other member hear.
+    subscription_rate_limit: Annotated[int, Field(ge=1)] = 10
     # Bytes of a presence member's channel_data (user_id plus user_info).
     max_presence_member_size: Annotated[int, Field(ge=64)] = 2_048
     # HTTP API limits, Pusher's defaults: channels per event, events per batch,

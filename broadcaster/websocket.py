@@ -249,10 +249,16 @@ async def refuse(send: Send, code: ErrorCode, message: str) -> None:
     await send({"type": "websocket.close", "code": int(code), "reason": close_reason(message)})
 
 
+_SUBSCRIPTION_STATUS = {
+    ErrorCode.SUBSCRIPTION_UNAUTHORIZED: (401, "AuthError"),
+    ErrorCode.SUBSCRIPTION_RATE_LIMIT: (429, "LimitReached"),
+}
+"""The status and type of a ``pusher:subscription_error`` by code (else 400)."""
+
+
 def _report(conn: Connection, exc: ProtocolError) -> None:
     if exc.channel is not None and not exc.close:
-        status = 401 if exc.code is ErrorCode.SUBSCRIPTION_UNAUTHORIZED else 400
-        kind = "AuthError" if status == 401 else "InvalidRequest"
+        status, kind = _SUBSCRIPTION_STATUS.get(exc.code, (400, "InvalidRequest"))
         frame = protocol.subscription_error(
             exc.channel, exc.message, status=status, error_type=kind, code=exc.code
         )
