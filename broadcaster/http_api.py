@@ -44,7 +44,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from broadcaster import http_models
-from broadcaster.backends.base import BackendUnavailable
+from broadcaster.backends.base import BackendUnavailable, PublishUnconfirmed
 from broadcaster.channels import ChannelKind, channel_kind, validate_channel_name
 from broadcaster.exceptions import ApiError, ProtocolError
 from broadcaster.http_input import BodyReader, BodyRefused, excerpt, read_body
@@ -105,8 +105,8 @@ class _Api:
             except ApiError as exc:
                 return JSONResponse(exc.body(), exc.status)
             except BackendUnavailable as exc:
-                error = {"error": f"the backend is unavailable: {exc}; retry later", "status": 503}
-                return JSONResponse(error, 503)
+                status, error = _unavailable_error(exc)
+                return JSONResponse(error, status)
 
         return endpoint
 
@@ -442,8 +442,17 @@ def _refused(exc: ApiError) -> Answer:
 
 
 def _unavailable(exc: BackendUnavailable) -> Answer:
-    error = {"error": f"the backend is unavailable: {exc}; retry later", "status": 503}
-    return Answer(503, _dumps(error))
+    status, error = _unavailable_error(exc)
+    return Answer(status, _dumps(error))
+
+
+def _unavailable_error(exc: BackendUnavailable) -> tuple[int, dict[str, object]]:
+    """503 when nothing was published (retry at will); 504 when a publication was sent
+    and not confirmed: it may have gone out, and a retry may deliver it twice."""
+    if isinstance(exc, PublishUnconfirmed):
+        message = f"the publication is unconfirmed: {exc}; a retry may deliver it twice"
+        return 504, {"error": message, "status": 504}
+    return 503, {"error": f"the backend is unavailable: {exc}; retry later", "status": 503}
 
 
 def _query(raw: bytes) -> dict[str, str]:

@@ -36,6 +36,7 @@ __all__ = [
     "PresenceFull",
     "PresenceMember",
     "PublicationHandler",
+    "PublishUnconfirmed",
     "Values",
     "check_history_options",
     "new_epoch",
@@ -86,6 +87,11 @@ def check_history_options(history_size: int, history_ttl: float, history_meta_tt
 
 class BackendUnavailable(Exception):
     """The backend cannot do this now (e.g. Redis is unreachable); the caller may retry."""
+
+
+class PublishUnconfirmed(BackendUnavailable):
+    """A publication was sent but not answered (a timeout, a connection lost while
+    waiting): it may or may not have gone out, so a retry may deliver it twice."""
 
 
 class PresenceFull(Exception):

@@ -89,6 +89,7 @@ from broadcaster.backends.base import (
     PresenceFull,
     PresenceMember,
     PublicationHandler,
+    PublishUnconfirmed,
     check_history_options,
     new_epoch,
 )
@@ -777,6 +778,7 @@ class RedisBackend:
         # when it fires (asyncio.timeout would arm and disarm a timer for every batch).
         self._batch_deadline: float | None = None
         self._batch_expired = False
+        self._batch_sent = False  # the batch in flight was written to Redis
         self._watchdog: asyncio.TimerHandle | None = None
         # The publications' own connection (no socket timeout: one deadline per batch).
         self._publisher: tuple[AbstractConnection, ReplyReader] | None = None
@@ -945,6 +947,7 @@ class RedisBackend:
         loop = asyncio.get_running_loop()
         self._batch_deadline = loop.time() + self.command_timeout
         self._batch_expired = False
+        self._batch_sent = False
         if self._watchdog is None:
             self._watchdog = loop.call_at(self._batch_deadline, self._watch_batch)
         try:
@@ -962,11 +965,12 @@ class RedisBackend:
         finally:
             self._batch_deadline = None
         replica = False  # the connection reached a replica: follow the primary
+        sent = self._batch_sent  # then a publication without an answer may be out
         for item, result in zip(batch, results, strict=True):
             if isinstance(result, BaseException):
                 replica = replica or (_refusal(result) or "").startswith("READONLY")
                 if not item.done.done():  # else the caller was cancelled
-                    error = self._failed("publish", result)
+                    error = self._failed("publish", result, sent=sent)
                     error.__cause__ = result
                     item.done.set_exception(error)
             elif not item.done.done():
@@ -1038,6 +1042,7 @@ class RedisBackend:
         reader = self._publisher[1]
         waiter = reader.expect(len(commands))  # each command's error is its reply
         reader.write(pack_commands(commands))
+        self._batch_sent = True
         replies = await waiter
         if mixed:
             replies = replies[1:]
@@ -1380,9 +1385,16 @@ class RedisBackend:
                 f"Redis at {self.url} is unreachable; the node is reconnecting, retry later"
             )
 
-    def _failed(self, action: str, exc: BaseException) -> BackendUnavailable:
+    def _failed(self, action: str, exc: BaseException, *, sent: bool = False) -> BackendUnavailable:
+        """The error to raise for ``exc``; ``sent``: the command went out, so one that
+        got no answer (a timeout, a lost connection) may have taken effect."""
         if isinstance(exc, _UNANSWERED):
             self._unanswered()
+            if sent:
+                return PublishUnconfirmed(
+                    f"Redis at {self.url} did not confirm the {action} ({exc}): it may or "
+                    "may not have gone out"
+                )
         elif (refusal := _refusal(exc)) is not None:
             self._refused(refusal)
         return BackendUnavailable(f"could not {action} through Redis at {self.url}: {exc}")

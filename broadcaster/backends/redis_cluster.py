@@ -57,6 +57,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.crc import key_slot
 from redis.exceptions import NoScriptError, RedisClusterException
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from broadcaster.backends import _lua
 from broadcaster.backends.base import (
@@ -716,7 +717,10 @@ class RedisClusterBackend(RedisBackend):
             if item.done.done():
                 continue
             if isinstance(result, BaseException):
-                error = self._failed("publish", result)
+                # A timeout came after the pipeline was written: it may have gone out.
+                # (redis-py does not say whether a lost connection was before or after.)
+                sent = isinstance(result, RedisTimeoutError)
+                error = self._failed("publish", result, sent=sent)
                 error.__cause__ = result
                 item.done.set_exception(error)
             else:

@@ -723,6 +723,43 @@ async def test_a_client_gone_while_its_publication_is_in_flight_leaves_nothing(
     assert _status(answer) == 200
 
 
+@pytest.mark.redis
+@pytest.mark.parametrize("info", [False, True], ids=["plain", "with-info"])
+async def test_an_unanswered_publication_is_a_504_that_says_it_may_be_out(
+    start_server: StartServer,
+    tmp_path: Path,
+    redis_factory: Callable[[], RedisServer],
+    clients: Connect,
+    info: bool,
+) -> None:
+    """Redis stops answering after taking the publication: the request gets 504, not
+    the 503 "retry later" that means nothing went out, because it does go out once
+    Redis resumes (a retry would deliver it twice)."""
+    redis = redis_factory()
+    pair = await _pair(start_server, tmp_path, lambda: {"backend": redis.url})
+    live = pair.native
+    subscriber = await clients(live.app_url())
+    await subscriber.subscribe("agent.1")
+    raw = await Raw.open(live)
+    await raw.send(_request(EVENTS, _event(data="0")))  # the publications' connection is up
+    assert _status(await raw.answer()) == 200
+    assert (await subscriber.expect("step"))["data"] == 0
+    assert redis.proc is not None
+    extra = {"info": "subscription_count"} if info else {}
+    redis.proc.send_signal(signal.SIGSTOP)
+    try:
+        await raw.send(_request(EVENTS, _event(data="1", **extra)))
+        answer = await raw.answer()
+    finally:
+        redis.proc.send_signal(signal.SIGCONT)
+    await raw.close()
+    assert _status(answer) == 504, answer
+    error = _json(answer)["error"]
+    assert "did not confirm the publish" in error
+    assert "a retry may deliver it twice" in error
+    assert (await subscriber.expect("step"))["data"] == 1  # it was out after all
+
+
 async def test_the_access_log_names_natively_served_requests_as_uvicorn_does(
     pair: Pair, caplog: pytest.LogCaptureFixture
 ) -> None:
