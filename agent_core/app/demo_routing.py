@@ -181,7 +181,10 @@ def demo_classifier() -> RuleBasedClassifier:
         ),
         Rule(
             "weather_agent",
-            r"(?P<text>.*\b(?:weather|temperature|forecast|warm|cold)\b.*)",
+            # The whole message, when it names the weather anywhere. A lookahead from the
+            # start: ".*\bweather\b.*" searched from every position took O(n²), 7 s of
+            # the event loop for a 20,000-character message.
+            r"(?s)^(?=.*\b(?:weather|temperature|forecast|warm|cold)\b)(?P<text>.*)",
             confidence=0.9,
             reason="the request is about the weather",
         ),

@@ -313,3 +313,19 @@ async def test_with_the_openai_driver_the_model_classifies_and_answers(
     assert final.usage.total == 24  # type: ignore[union-attr]  # classifier + chat answer
     assert len(script.requests) == 2
     assert "Capabilities:" in script.requests[0].body["messages"][0]["content"]
+
+
+@pytest.mark.timeout(30)  # a hang guard: the old pattern took about 7 s for 20,000 characters
+async def test_the_demo_classifier_reads_a_long_message_in_one_pass() -> None:
+    """The weather rule once searched ".*\\bweather\\b.*" from every position: O(n²) on
+    the event loop, so one long request froze the server. 200,000 characters now."""
+    from agent_core.app.demo_routing import demo_classifier
+
+    classifier = demo_classifier()
+    long = "a " * 100_000
+    chat = await classifier.classify(long, None)
+    assert chat.capability == "chat"
+    message = long + "\nis it cold in Oslo?"
+    weather = await classifier.classify(message, None)
+    assert weather.capability == "weather_agent"
+    assert weather.arguments["text"] == message.strip()
