@@ -19,6 +19,10 @@ it (an ``agent_core`` run, or a framework adapter's), with no gap:
 - the run's start (or ``since``) no longer in the history: ``start``, ``error``,
   ``finish``, so the client reloads the state instead of keeping a partial message.
 
+With private sessions (``AGENT_DEMO_PRIVATE_SESSIONS``) the ``POST`` that starts a run
+answers with the session's token in ``X-Session-Token`` (``POST /run`` puts it in its
+body); the ``GET`` never does: it reads with the credentials it was given.
+
 Protocol (checked against ``ai`` 7's ``uiMessageChunkSchema`` and
 ``UI_MESSAGE_STREAM_HEADERS``): ``data: <chunk JSON>\\n\\n`` per chunk, ``data: [DONE]``
 at the end, header ``x-vercel-ai-ui-message-stream: v1``.
@@ -365,7 +369,8 @@ async def _chat(host: Host, request: Request) -> Response:
         return started
     handle = started
     since = None if handle.position is None else Position.parse(handle.position)
-    return _stream(host, handle.session_id, handle.channel, since, handle.execution_id)
+    headers = _started_headers(host, handle.session_id)
+    return _stream(host, handle.session_id, handle.channel, since, handle.execution_id, headers)
 
 
 async def _follow(host: Host, request: Request) -> Response:
@@ -374,7 +379,7 @@ async def _follow(host: Host, request: Request) -> Response:
         since = resume_position(request)
         channel = await session_channel(host.node, host.app, request, session_id)
         if since is not None:
-            return _stream(host, session_id, channel, since, None, mid_run=True)
+            return _stream(host, session_id, channel, since, None, HEADERS, mid_run=True)
         settings = host.node.settings
         async with asyncio.timeout(settings.history_read_timeout):
             run = await active_run(host.node.backend, host.app.id, channel, settings.history_size)
@@ -387,8 +392,8 @@ async def _follow(host: Host, request: Request) -> Response:
     if run is None:
         return Response(status_code=204)  # DefaultChatTransport: "no active stream"
     if run.start is None:
-        return _lost_start(host, session_id, channel, run.execution_id)
-    return _stream(host, session_id, channel, run.start, run.execution_id)
+        return _lost_start(session_id, channel, run.execution_id)
+    return _stream(host, session_id, channel, run.start, run.execution_id, HEADERS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,7 +437,7 @@ async def active_run(backend: Backend, app_id: str, channel: str, reach: int) ->
     return None if newest is None else ActiveRun(newest, None)
 
 
-def _lost_start(host: Host, session_id: str, channel: str, execution_id: str) -> Response:
+def _lost_start(session_id: str, channel: str, execution_id: str) -> Response:
     """A run whose start is no longer in the history: ``start``, ``error``, ``finish``,
     so that the client reloads the state instead of showing a partial message."""
     info = {"session_id": session_id, "channel": channel, "execution_id": execution_id}
@@ -441,11 +446,14 @@ def _lost_start(host: Host, session_id: str, channel: str, execution_id: str) ->
         "the run's start is no longer in the channel history: reload the session's state "
         "(its stored snapshot) instead of this stream"
     )
-    return Response(_encode(mapper.error(message)) + DONE, 200, _headers(host, session_id),
-                    "text/event-stream")  # fmt: skip
+    return Response(_encode(mapper.error(message)) + DONE, 200, HEADERS, "text/event-stream")
 
 
-def _headers(host: Host, session_id: str) -> dict[str, str]:
+def _started_headers(host: Host, session_id: str) -> dict[str, str]:
+    """The headers of the stream of a run this request started: with private sessions,
+    the session's token, as ``POST /run`` answers it. Only the start hands it out: a
+    follower holds at most what reads the channel (``?auth=``), or nothing on a session
+    nobody has started yet, and neither may become the owner's token."""
     headers = dict(HEADERS)
     if host.settings.private_sessions:
         headers["X-Session-Token"] = session_token(host.app, session_id)
@@ -458,12 +466,12 @@ def _stream(
     channel: str,
     since: Position | None,
     execution_id: str | None,
+    headers: dict[str, str],
     *,
     mid_run: bool = False,
 ) -> Response:
     """The run from ``since`` on: ``execution_id``'s, or (None) the first run whose
     ``in_progress`` comes, or with ``mid_run`` the run of the first envelope that comes."""
-    headers = _headers(host, session_id)
     feed = ChannelFeed(host.node, host.app, channel, since)
 
     async def snapshot(key: str) -> Any:

@@ -10,10 +10,12 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 
 from agent_core.app.vercel_ai import UIMessageStreamMapper, encode_chunk
 from broadcaster import envelope as env
 from broadcaster.publishers import BackendStateStore, PusherHTTPPublisher, RecordingPublisher
+from broadcaster.sessions import private_channel, stream_auth
 from tests.integrations.runs import ANSWER, RUNS
 from tests.support.live import APP_ID, KEY, SECRET, Client, StartServer
 from tests.wire.test_runs import start_run, subscribe
@@ -247,3 +249,43 @@ async def test_a_run_whose_start_left_the_history_ends_with_an_error_not_a_parti
     assert chunks[0]["messageId"] == seen[-1][1]["execution_id"]
     assert "no longer in the channel history" in chunks[1]["errorText"]
     assert chunks[2] == {"type": "finish", "finishReason": "error"}
+
+
+def chat(session: str, text: str = "What is the weather in Oslo?") -> dict[str, Any]:
+    """The body useChat's DefaultChatTransport posts for ``text`` on ``session``."""
+    message = {"id": uuid.uuid4().hex, "role": "user", "parts": [{"type": "text", "text": text}]}
+    return {"id": session, "messages": [message], "trigger": "submit-message"}
+
+
+async def follow_headers(http: httpx.AsyncClient, url: str, **params: str) -> httpx.Headers:
+    async with http.stream("GET", url, params=params) as response:
+        assert response.status_code == 200, await response.aread()
+        return response.headers
+
+
+async def test_following_a_private_session_never_hands_out_its_token(
+    start_server: StartServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the POST that starts a run answers with the session token: a GET that
+    follows a session nobody has started yet, or that holds only a stream auth (read one
+    channel), gets none, and the token of the POST still grants the session."""
+    monkeypatch.setenv("AGENT_DEMO_PRIVATE_SESSIONS", "true")
+    live = await start_server(demo=True)
+    session = f"private-{uuid.uuid4().hex[:8]}"
+    url = f"/vercel-ai/{session}/stream"
+    auth = stream_auth(KEY, SECRET, private_channel(session))
+    async with httpx.AsyncClient(base_url=live.url, timeout=20) as http:
+        before = await follow_headers(http, url, since="0:0")  # nobody started it yet
+        started = await http.post("/vercel-ai", json=chat(session))
+        viewer = await follow_headers(http, url, since="0:0", auth=auth)
+        again = chat(session, "And in Lima?")
+        refused = await http.post("/vercel-ai", json=again)
+        bearer = {"Authorization": f"Bearer {started.headers['x-session-token']}"}
+        allowed = await http.post("/vercel-ai", json=again, headers=bearer)
+    assert "x-session-token" not in before
+    assert "x-session-token" not in viewer
+    assert started.status_code == 200
+    assert data_chunks(started.content)[-1] == {"type": "finish", "finishReason": "stop"}
+    assert refused.status_code == 403
+    assert allowed.status_code == 200
+    assert data_chunks(allowed.content)[-1] == {"type": "finish", "finishReason": "stop"}
