@@ -104,6 +104,13 @@ class DemoSettings(BaseSettings):
     max_runs: int = Field(
         default=1000, ge=1, description="runs at once on this node (local mode); more: 503"
     )
+    max_run_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        le=86_400,
+        description="seconds a run may last (local mode); one that reaches it is stopped "
+        "and ends failed, which frees its session and its run slots",
+    )
     run_lease: float = Field(
         default=15.0,
         ge=0.3,
@@ -205,6 +212,8 @@ class _Demo:
             position_of=self._position,
             channel_for_session=self.channel_for_session,
             max_runs=self.settings.max_runs,
+            max_duration=self.settings.max_run_seconds,
+            max_duration_name="AGENT_DEMO_MAX_RUN_SECONDS",
             claims=BackendClaims(backend, app_id),
             lease=self.settings.run_lease,
             client_runs=self.settings.client_runs,

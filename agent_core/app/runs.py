@@ -383,6 +383,9 @@ class RunManager:
         lease: seconds a claim lasts unless renewed (every third of it while running).
         client_runs: concurrent runs one client may have here (0: no limit).
         client_rate: how fast one client may start runs (None: no limit).
+        max_duration: seconds a run may last (None: no limit); one that reaches it is
+            stopped and ends with a ``failed`` status that says so.
+        max_duration_name: how the limit is set (e.g. its setting), named in that status.
     """
 
     publisher: Publisher
@@ -400,6 +403,8 @@ class RunManager:
     lease: float = 15.0
     client_runs: int = 0
     client_rate: ClientRateLimit | None = None
+    max_duration: float | None = None
+    max_duration_name: str = "max_duration"
     _runs: dict[str, _Run] = field(default_factory=dict)
     _client_counts: dict[str, int] = field(default_factory=dict)
     _serializer: SlimAgentStateSerializer = field(
@@ -539,7 +544,7 @@ class RunManager:
         """Run ``request`` as ``handle`` to its end (what :meth:`start` does in the
         background; a worker calls it for runs queued by another process). Returns the
         final state (of a routed run: see :meth:`route`), or None if the run crashed
-        (logged)."""
+        (logged) or reached ``max_duration``."""
         if resolve_mode(request, self.default_mode).mode == "route":
             return await self.route(handle, request)
         options = AdapterOptions(include_continuation_trace=request.trace)
@@ -558,16 +563,30 @@ class RunManager:
         if request.max_steps is not None:
             builder = builder.with_max_steps(request.max_steps)
         agent = adapter.install(builder).build()
+        deadline = asyncio.timeout(self.max_duration)
         try:
             start = await self._start_state(handle.channel, request.input)
-            return await agent.run(start)
+            async with deadline:
+                return await agent.run(start)
         except Exception as exc:
-            logger.exception("run %s of session %s crashed", handle.execution_id, handle.session_id)
             # Whoever follows the run must not wait for a final status forever.
-            await adapter.fail(f"the run crashed: {type(exc).__name__}: {exc}")
+            await adapter.fail(self._failure(handle, exc, deadline))
             return None
         finally:
             await adapter.aclose()
+
+    def _failure(self, handle: RunHandle, exc: Exception, deadline: asyncio.Timeout) -> str:
+        """The message of the failed status of a run that ended with ``exc``: stopped at
+        its maximum duration, or crashed (logged with its traceback)."""
+        run = (handle.execution_id, handle.session_id)
+        if deadline.expired():
+            logger.warning("run %s of session %s reached its maximum duration", *run)
+            return (
+                f"the run was stopped after {self.max_duration:g} s, its maximum duration "
+                f"({self.max_duration_name})"
+            )
+        logger.exception("run %s of session %s crashed", *run)
+        return f"the run crashed: {type(exc).__name__}: {exc}"
 
     async def _start_state(self, channel: str, text: str) -> AgentState | str:
         """Continue the session's stored conversation, or start a new one."""
@@ -602,20 +621,22 @@ class RunManager:
             channel=handle.channel,
             defer_final=True,
         )
+        deadline = asyncio.timeout(self.max_duration)
         try:
             if self.router_factory is None:
                 raise RuntimeError("this server has no capability router; use mode 'agent'")
             memory = _RunMemory(await self._session_context(handle))
             router = self.router_factory(request, memory)
             adapter.install(router)
-            state = await router.handle(
-                request.input, handle.session_id, execution_id=handle.execution_id
-            )
+            async with deadline:
+                state = await router.handle(
+                    request.input, handle.session_id, execution_id=handle.execution_id
+                )
             await adapter.publish_final(await self._store_routed(handle, state, memory.context))
         except Exception as exc:
-            logger.exception("run %s of session %s crashed", handle.execution_id, handle.session_id)
+            message = self._failure(handle, exc, deadline)
             if not await adapter.publish_final(None):
-                await adapter.fail(f"the run crashed: {type(exc).__name__}: {exc}")
+                await adapter.fail(message)
         finally:
             await adapter.aclose()
         return None

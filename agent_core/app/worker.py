@@ -528,6 +528,8 @@ class Worker:
         parts: the agents' driver factory and tools, and the router factory.
         state_ttl: seconds final states are kept for reconcile.
         lease: seconds this worker's hold on a run lasts unless renewed.
+        max_run_seconds: seconds a run may last (None: no limit); one that reaches it
+            is stopped and ends with a ``failed`` status that says so.
         worker_id: this worker's name in the logs of whoever ends its runs.
     """
 
@@ -538,6 +540,7 @@ class Worker:
     parts: DemoParts = field(default_factory=demo_parts)
     state_ttl: float = 86_400.0
     lease: float = LEASE
+    max_run_seconds: float | None = None
     worker_id: str = field(default_factory=lambda: f"w-{secrets.token_hex(4)}")
     completed: int = 0
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -555,6 +558,8 @@ class Worker:
             tools=self.parts.tools,
             router_factory=self.parts.router_factory,
             load_snapshot=self._load_snapshot,
+            max_duration=self.max_run_seconds,
+            max_duration_name="AGENT_WORKER_MAX_RUN_SECONDS",
         )
         self.reaper = Reaper(self.redis, self.app_id, self.prefix, self.state_ttl)
 
@@ -685,6 +690,13 @@ class WorkerSettings(BaseSettings):
         description="seconds a worker's hold on a run lasts unless renewed (every third of "
         "it); a dead worker's run ends failed after it (plus up to a third of it)",
     )
+    max_run_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        le=86_400,
+        description="seconds a run may last; one that reaches it is stopped and ends "
+        "failed, which frees its session",
+    )
 
 
 async def _serve(settings: WorkerSettings) -> None:
@@ -698,6 +710,7 @@ async def _serve(settings: WorkerSettings) -> None:
         parts=demo_parts(settings.driver),
         state_ttl=settings.state_ttl,
         lease=settings.lease,
+        max_run_seconds=settings.max_run_seconds,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -7,16 +7,18 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
 import pytest
 
-from agent_core.app.demo import _Demo
+from agent_core.app.demo import DemoSettings, _Demo
 from agent_core.app.runs import ClientRateLimit, RunManager, TooManyRuns
 from tests.reliability.helpers import own_rss, report
-from tests.support.live import LiveServer, StartServer
+from tests.support.live import Client, LiveServer, StartServer
 from tests.support.processes import RedisServer
+from tests.wire.test_runs import read_run, subscribe
 
 OTHER = "127.0.0.2"  # another loopback address: another client
 
@@ -155,6 +157,46 @@ async def test_a_full_node_answers_503_with_retry_after(
     manager = demo_of(live).runs
     assert isinstance(manager, RunManager)
     await manager.aclose(grace=0)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", ["agent", "route"])
+async def test_a_run_past_its_maximum_duration_ends_failed_and_frees_its_session(
+    start_server: StartServer,
+    clients: Callable[..., Awaitable[Client]],
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+) -> None:
+    """A paced run that would last for hours is stopped at AGENT_DEMO_MAX_RUN_SECONDS:
+    its final status is failed and names the limit, the session and the client's run
+    slot are free again, and the session takes a new run."""
+    monkeypatch.setenv("AGENT_DEMO_MAX_RUN_SECONDS", "0.5")
+    live = await start_server(demo=True)
+    manager = demo_of(live).runs
+    assert isinstance(manager, RunManager)
+    watcher = await clients(live.app_url())
+    async with http_from() as http:
+        long = await post_run(http, live, input="hi \n" * 5000, mode=mode, pace_ms=2000)
+        assert long.status_code == 202, long.text
+        run = long.json()
+        await subscribe(watcher, run["channel"], run["position"])
+        final = (await read_run(watcher))[-1][2]
+        await manager.wait(run["session_id"])
+        assert not manager.running(run["session_id"])
+        assert manager._client_counts == {}, "the client's run slot is released"
+        again = await post_run(http, live, session_id=run["session_id"], mode=mode)
+        assert again.status_code == 202, again.text
+        assert (await read_run(watcher))[-1][2]["status"] == "completed"
+    assert final["status"] == "failed"
+    assert final["stop_reason"] == "error"
+    assert "maximum duration" in final["error_message"]
+    assert "AGENT_DEMO_MAX_RUN_SECONDS" in final["error_message"]
+
+
+@pytest.mark.parametrize("seconds", [0, -1, 86_401])
+def test_the_maximum_run_duration_must_be_positive_and_bounded(seconds: float) -> None:
+    with pytest.raises(ValueError, match="max_run_seconds"):
+        DemoSettings(max_run_seconds=seconds)
 
 
 async def test_ag_ui_runs_count_against_the_same_limits(

@@ -4,12 +4,14 @@ a client on yet another server process follows the run and reconciles it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 
 import httpx
 import orjson
@@ -173,20 +175,35 @@ async def _empty(keys: Callable[[], Awaitable[list[str]]]) -> bool:
     return await keys() == []
 
 
-async def test_a_worker_that_lost_its_lease_stops_the_run(redis_server: RedisServer) -> None:
-    """Its run was ended as abandoned (here: the lease is taken away, as a reaper does
-    once the worker stalled past it): the worker stops it instead of publishing on."""
-    prefix = "wire-lost-lease"
+@contextlib.asynccontextmanager
+async def consuming_worker(
+    redis_server: RedisServer, prefix: str, **options: Any
+) -> AsyncIterator[tuple[Redis, RunQueue, Worker]]:
+    """A queue and a worker with ``options`` consuming it, on ``prefix``; stopped (its
+    runs finished) and closed afterwards."""
     redis = Redis.from_url(redis_server.url)
 
     async def no_position(channel: str) -> None:
         return None
 
     queue = RunQueue(Redis.from_url(redis_server.url), "1", no_position, prefix=prefix)
-    worker = Worker(redis, "1", prefix=prefix, lease=0.6)
+    worker = Worker(redis, "1", prefix=prefix, **options)
     stop = asyncio.Event()
     consuming = asyncio.create_task(worker.run_forever(stop))
     try:
+        yield redis, queue, worker
+    finally:
+        stop.set()
+        await consuming
+        await queue.aclose()
+        await redis.aclose()
+
+
+async def test_a_worker_that_lost_its_lease_stops_the_run(redis_server: RedisServer) -> None:
+    """Its run was ended as abandoned (here: the lease is taken away, as a reaper does
+    once the worker stalled past it): the worker stops it instead of publishing on."""
+    prefix = "wire-lost-lease"
+    async with consuming_worker(redis_server, prefix, lease=0.6) as (redis, queue, worker):
         run = await queue.start(RunRequest(input="Weather in Oslo?", pace_ms=300))
         takers = f"{prefix}:{{1}}:run-takers"
         await eventually(lambda: redis.hlen(takers), "the worker to take the run")
@@ -197,11 +214,25 @@ async def test_a_worker_that_lost_its_lease_stops_the_run(redis_server: RedisSer
         state = await redis.get(f"{prefix}:1:value:{state_key(run.channel)}")
         assert state is None, "the run was stopped before its end"
         assert await redis.exists(f"{prefix}:{{1}}:claim:run:{run.session_id}") == 0
-    finally:
-        stop.set()
-        await consuming
-        await queue.aclose()
-        await redis.aclose()
+
+
+async def test_a_queued_run_past_its_maximum_duration_ends_failed(
+    redis_server: RedisServer,
+) -> None:
+    """AGENT_WORKER_MAX_RUN_SECONDS, as the local runs' limit: the run is stopped, its
+    last envelope is a failed agent.status naming the setting, and the session is free."""
+    prefix = "wire-max-duration"
+    worker_with_deadline = consuming_worker(redis_server, prefix, max_run_seconds=0.5)
+    async with worker_with_deadline as (redis, queue, worker):
+        long = " ".join(["word"] * 2000)  # route mode echoes it, one word every 2 s
+        run = await queue.start(RunRequest(input=long, pace_ms=2000, mode="route"))
+        await eventually(lambda: worker.completed == 1, "the worker to stop the run", within=20)
+        entries = await redis.xrange(f"{prefix}:1:stream:{run.channel}")
+        last = b"".join(entries[-1][1].values())  # the channel's history, as published
+        assert b"agent.status" in last
+        assert b"failed" in last
+        assert b"AGENT_WORKER_MAX_RUN_SECONDS" in last
+        assert await redis.exists(f"{prefix}:{{1}}:claim:run:{run.session_id}") == 0
 
 
 async def test_a_queued_job_carries_the_mode_the_web_process_chose(
