@@ -378,11 +378,22 @@ class Node:
         """Handle ``pusher:signin``: check the signature and remember the user.
 
         Raises:
-            ProtocolError: UNAUTHORIZED (closes) for a bad signature or ``user_data``.
+            ProtocolError: UNAUTHORIZED (closes) for a bad signature or ``user_data``;
+                UNAUTHORIZED (the connection stays, as the user it was) for a sign-in
+                as another user than the one this connection signed in as.
         """
         app = conn.app
         protocol.authorize_signin(app, conn.socket_id, command)
         user_id = command.user.id
+        if conn.user_id is not None and conn.user_id != user_id:
+            # Its #server-to-user-<first> subscriptions would outlive the first user
+            # (terminate_connections for that user would miss the connection).
+            raise ProtocolError(
+                ErrorCode.UNAUTHORIZED,
+                f"this connection is signed in as {conn.user_id!r}; a connection signs in "
+                f"as one user: open another to sign in as {excerpt(user_id)}",
+                close=False,
+            )
         self._forget_user(conn)
         conn.user_id = user_id
         self._users.setdefault((app.id, user_id), set()).add(conn)

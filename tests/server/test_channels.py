@@ -142,6 +142,31 @@ async def test_signin_with_a_forged_signature_closes_with_4009(
     assert await client.closed_with() == 4009
 
 
+async def test_a_connection_signs_in_as_one_user(live: LiveServer, clients: Connect) -> None:
+    """Signing in again as another user is refused (4009, the connection stays as the
+    first user): its #server-to-user subscription would otherwise outlive that user,
+    and terminate_connections for the first user would miss it. The same user again is
+    fine."""
+    client = await clients(live.app_url())
+
+    async def signin(user_id: str) -> dict[str, object]:
+        user_data = json.dumps({"id": user_id})
+        auth = user_auth(KEY, SECRET, client.socket_id, user_data)
+        await client.send("pusher:signin", {"auth": auth, "user_data": user_data})
+        return await client.recv()
+
+    assert (await signin("alice"))["event"] == "pusher:signin_success"
+    assert (await client.subscribe("#server-to-user-alice"))["event"].endswith("succeeded")
+    refused = await signin("carol")
+    assert refused["event"] == "pusher:error"
+    assert refused["data"]["code"] == 4009  # type: ignore[index]
+    assert "signed in as 'alice'" in refused["data"]["message"]  # type: ignore[index]
+    assert (await signin("alice"))["event"] == "pusher:signin_success"
+    denied = await client.subscribe("#server-to-user-carol")
+    assert denied["event"] == "pusher:subscription_error"
+    await sync(client)  # still open
+
+
 async def test_client_events_are_off_by_default(live: LiveServer, clients: Connect) -> None:
     client = await clients(live.app_url())
     auth = channel_auth(KEY, SECRET, client.socket_id, "private-chat")
