@@ -62,6 +62,7 @@ _UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {
     ast.USub: operator.neg,
 }
 _MAX_EXPONENT = 64
+_MAX_BITS = 4096  # of an integer result (about 1,233 digits): (9**64)**64... stays cheap
 
 
 def _evaluate(node: ast.AST) -> float | int:
@@ -73,10 +74,23 @@ def _evaluate(node: ast.AST) -> float | int:
         return _UNARY[type(node.op)](_evaluate(node.operand))  # type: ignore[no-any-return]
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         left, right = _evaluate(node.left), _evaluate(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > _MAX_EXPONENT:
-            raise ValueError(f"exponent {right} is too large (at most {_MAX_EXPONENT})")
-        return _BINARY[type(node.op)](left, right)  # type: ignore[no-any-return]
+        if isinstance(node.op, ast.Pow):
+            if abs(right) > _MAX_EXPONENT:
+                raise ValueError(f"exponent {right} is too large (at most {_MAX_EXPONENT})")
+            # Checked before computing: a power of a power of ... passes the exponent
+            # cap at each step, and the last step alone could take minutes.
+            if isinstance(left, int) and isinstance(right, int) and right > 0:
+                _check_bits(left.bit_length() * right)
+        result = _BINARY[type(node.op)](left, right)
+        if isinstance(result, int):
+            _check_bits(result.bit_length())
+        return result  # type: ignore[no-any-return]
     raise ValueError(f"unsupported expression element: {ast.unparse(node)!r}")
+
+
+def _check_bits(bits: int) -> None:
+    if bits > _MAX_BITS:
+        raise ValueError(f"the result would be too large (over {_MAX_BITS} bits)")
 
 
 def calculator(expression: str) -> float | int:

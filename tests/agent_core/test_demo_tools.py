@@ -10,7 +10,13 @@ from agent_core.drivers.scripted import ScriptedResponse
 
 @pytest.mark.parametrize(
     ("expression", "value"),
-    [("1 + 2 * 3", 7), ("(18 * 9 / 5) + 32", 64.4), ("-2 ** 3", -8), ("7 // 2 + 7 % 2", 4)],
+    [
+        ("1 + 2 * 3", 7),
+        ("(18 * 9 / 5) + 32", 64.4),
+        ("-2 ** 3", -8),
+        ("7 // 2 + 7 % 2", 4),
+        ("9 ** 64", 9**64),
+    ],
 )
 def test_calculator_evaluates_arithmetic(expression: str, value: float) -> None:
     assert calculator(expression) == value
@@ -23,6 +29,10 @@ def test_calculator_evaluates_arithmetic(expression: str, value: float) -> None:
         ("2 ** 1000", "exponent 1000 is too large"),
         ("1 +", "not an arithmetic expression"),
         ("True + 1", "not a number"),
+        # Each exponent is under the cap; the last power alone would take minutes.
+        ("((((9) ** 64) ** 64) ** 64) ** 64", "too large \\(over 4096 bits\\)"),
+        ("(2 ** 64) ** 64 * 2", "too large"),
+        ("(2 ** 60) ** 60 * (2 ** 60) ** 10", "too large"),  # a product over the bound
     ],
 )
 def test_calculator_rejects_anything_else(expression: str, message: str) -> None:
