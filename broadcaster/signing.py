@@ -124,6 +124,10 @@ def check_socket_id(value: str) -> str:
 
 
 _REQUIRED = ("auth_key", "auth_timestamp", "auth_version", "auth_signature")
+# What a signed request's query names may be: the string to sign lower-cases names and
+# joins "name=value" pairs with "&", unescaped, so an "INFO" or a value holding "&"
+# would sign the same as another request.
+_SIGNED_NAMES = re.compile(r"[a-z0-9_]+(?:&[a-z0-9_]+)*")
 
 
 def sign(secret: str, text: str) -> str:
@@ -320,8 +324,10 @@ def verify_request(
     Raises:
         ApiError: 403 if the app is disabled; 401 if an ``auth_*`` parameter is missing
             or wrong, the key is not the app's, the timestamp is more than 600 s away,
-            ``body_md5`` is missing or wrong for a non-empty body, or the signature does
-            not match (the message shows the string that should have been signed).
+            ``body_md5`` is missing or wrong for a non-empty body, a query name is not
+            lower-case ``[a-z0-9_]`` or a value holds ``&`` (either would let the
+            signature sign another request too), or the signature does not match (the
+            message shows the string that should have been signed).
     """
     if not app.enabled:
         raise ApiError(403, f"app {app.id!r} is disabled")
@@ -336,6 +342,7 @@ def verify_request(
         )
     _check_timestamp(query["auth_timestamp"], now)
     _check_body_md5(query.get("body_md5"), body)
+    _check_unambiguous(query)
     _check_signature(app.secret, method, path, query)
 
 
@@ -371,6 +378,26 @@ def _check_body_md5(given: str | None, body: bytes) -> None:
         return
     if not hmac.compare_digest(given.encode(), body_md5(body).encode()):
         raise ApiError(401, f"body_md5 {excerpt(given)} does not match the MD5 of the request body")
+
+
+def _check_unambiguous(query: Mapping[str, str]) -> None:
+    # One pass each over the names and the values: this runs on every publish.
+    if not _SIGNED_NAMES.fullmatch("&".join(query)):
+        name = next(n for n in query if not _SIGNED_NAMES.fullmatch(n))
+        raise ApiError(
+            401,
+            f"query parameter name {excerpt(name)} is not lower-case letters, digits and _: "
+            "the string to sign lower-cases names, so its signature would also sign "
+            "another request",
+        )
+    if "&" in "".join(query.values()):
+        name = next(n for n, v in query.items() if "&" in v)
+        raise ApiError(
+            401,
+            f"query parameter {name} has '&' in its value: the string to sign joins "
+            "parameters with an unescaped '&', so its signature would also sign the "
+            "request with that value split in two",
+        )
 
 
 def _check_signature(secret: str, method: str, path: str, query: Mapping[str, str]) -> None:

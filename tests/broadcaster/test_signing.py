@@ -153,6 +153,31 @@ def test_bad_requests_get_401_saying_what_is_wrong(query: dict[str, str], fragme
     assert fragment in error.message
 
 
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        # Both sign as "info=user_count": a replayer could change a captured request.
+        ({"INFO": "user_count"}, "query parameter name 'INFO' is not lower-case"),
+        ({"filter_by_prefix": "presence-&info=user_count"}, "filter_by_prefix has '&'"),
+        ({"": "x"}, "query parameter name '' is not lower-case"),
+        ({"info=user_count&x": "1"}, "is not lower-case letters, digits and _"),
+    ],
+)
+def test_a_query_that_would_sign_as_another_request_is_refused(
+    extra: dict[str, str], fragment: str
+) -> None:
+    """Validly signed under the Pusher scheme, and still refused: the string to sign
+    lower-cases names and joins pairs with an unescaped "&", so the same signature
+    covers a different request (upper-case "INFO", or "&" folded into a value)."""
+    query = signed_query(body_md5="<drop>", **extra)
+    query["auth_signature"] = sign_request(SECRET, "GET", "/apps/3/channels", query)
+    with pytest.raises(ApiError) as info:
+        verify_request(APP, "GET", "/apps/3/channels", query, b"", TIMESTAMP)
+    assert info.value.status == 401
+    assert fragment in info.value.message
+    assert "would also sign" in info.value.message
+
+
 def test_the_signature_error_shows_the_string_to_sign() -> None:
     error = api_error(signed_query(auth_signature="0" * 64))
     assert "'POST\\n/apps/3/events\\nauth_key=" in error.message
