@@ -398,5 +398,9 @@ async def _fields(node: Node, request: Request) -> dict[str, str]:
             data = orjson.loads(body)
         except orjson.JSONDecodeError:
             return {}
-        return {k: str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+        if not isinstance(data, dict):
+            return {}
+        # Strings only, as a form sends them: str() of a value nested 1,000 deep raised
+        # RecursionError (a 500); another type is a missing field.
+        return {k: v for k, v in data.items() if isinstance(v, str)}
     return dict(parse_qsl(body.decode("utf-8", "replace")))

@@ -167,7 +167,11 @@ class ChatRequest(BaseModel):
         for message in reversed(self.messages):
             if message.role != "user":
                 continue
-            text = "".join(str(p.get("text", "")) for p in message.parts if p.get("type") == "text")
+            texts = [p.get("text", "") for p in message.parts if p.get("type") == "text"]
+            if not all(isinstance(t, str) for t in texts):
+                # Not str(): a list nested 1,000 deep raised RecursionError (a 500).
+                raise ValueError("messages: a text part's text must be a string")
+            text = "".join(texts)
             if text.strip():
                 return text
         raise ValueError("messages: no user message with a text part (the run's input)")
