@@ -27,7 +27,7 @@ from agent_core.error_policy import ErrorHandler, ErrorPolicy, ErrorPolicyCriter
 from agent_core.events import EventDispatcher, Listener
 from agent_core.hooks import HookFunction, HookPoint, HookStack, HookStackObserver
 from agent_core.lifecycle import CompositeObserver, CoreLifecycleObserver
-from agent_core.loop import AgentLoop
+from agent_core.loop import DEFAULT_MAX_TOOL_CALLS, AgentLoop
 from agent_core.state import AgentState
 from agent_core.tools import Tool, ToolRegistry
 
@@ -57,6 +57,7 @@ class AgentBuilder:
     max_tokens: int = DEFAULT_MAX_TOKENS
     max_seconds: float = DEFAULT_MAX_SECONDS
     max_cumulative_seconds: float | None = None
+    max_tool_calls_per_step: int = DEFAULT_MAX_TOOL_CALLS
     error_policy: ErrorPolicy = field(default_factory=ErrorPolicy.stop_on_any_error)
     extra_criteria: tuple[CriterionLike, ...] = ()
     hooks: HookStack = field(default_factory=HookStack)
@@ -82,6 +83,11 @@ class AgentBuilder:
 
     def with_max_tokens(self, max_tokens: int) -> AgentBuilder:
         return replace(self, max_tokens=max_tokens)
+
+    def with_max_tool_calls_per_step(self, max_calls: int) -> AgentBuilder:
+        """Tool calls one model response may ask for; a response asking for more is a
+        model error (the step runs none of them)."""
+        return replace(self, max_tool_calls_per_step=max_calls)
 
     def with_time_limit(self, max_seconds: float) -> AgentBuilder:
         """Seconds per execution."""
@@ -156,5 +162,6 @@ class AgentBuilder:
             clock=self.clock,
             system_prompt=self.system_prompt,
             request_options=self.request_options,
+            max_tool_calls=self.max_tool_calls_per_step,
         )
         return Agent(loop, events, tools)

@@ -39,9 +39,11 @@ from agent_core.state import AgentState, AgentStatus
 from agent_core.steps import AgentStep, ToolExecution
 from agent_core.tools import ToolRegistry, blocked_execution
 
-__all__ = ["AgentLoop"]
+__all__ = ["DEFAULT_MAX_TOOL_CALLS", "AgentLoop"]
 
 LifecyclePoint = Callable[[AgentState], AgentState]
+DEFAULT_MAX_TOOL_CALLS = 64
+"""Tool calls one model response may ask for, unless the agent says otherwise."""
 
 
 class AgentLoop:
@@ -56,6 +58,10 @@ class AgentLoop:
         clock: the time source.
         system_prompt: prepended to every model request (not stored in the state).
         request_options: extra ``ModelRequest`` fields (model, temperature, max_tokens).
+        max_tool_calls: tool calls one model response may ask for; a response asking
+            for more fails its step with a :class:`ModelError` and runs none of them
+            (each call costs a tool execution, events and a message in every later
+            request).
     """
 
     def __init__(
@@ -69,7 +75,10 @@ class AgentLoop:
         clock: Clock = utc_now,
         system_prompt: str | None = None,
         request_options: dict[str, Any] | None = None,
+        max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS,
     ) -> None:
+        if max_tool_calls < 1:
+            raise ValueError(f"max_tool_calls must be at least 1, got {max_tool_calls!r}")
         self.driver = driver
         self.tools = tools
         self.observer = observer
@@ -78,6 +87,7 @@ class AgentLoop:
         self.clock = clock
         self.system_prompt = system_prompt
         self.request_options = request_options or {}
+        self.max_tool_calls = max_tool_calls
 
     async def run(self, state: AgentState) -> AgentState:
         """Run one execution to its end and return the final state."""
@@ -124,6 +134,11 @@ class AgentLoop:
 
     async def _perform_step(self, state: AgentState) -> AgentState:
         response = await self._infer(state)
+        if len(response.tool_calls) > self.max_tool_calls:
+            raise ModelError(
+                f"the model asked for {len(response.tool_calls)} tool calls in one response; "
+                f"at most {self.max_tool_calls} are run per step (max_tool_calls_per_step)"
+            )
         executions: list[ToolExecution] = []
         for tool_call in response.tool_calls:
             state = await self._use_tool(state, tool_call)

@@ -290,6 +290,33 @@ async def test_model_error_fails_the_run_by_default() -> None:
     assert failed.error_message == "429: slow down"
 
 
+async def test_a_response_with_too_many_tool_calls_runs_none_and_fails_the_step() -> None:
+    """A hostile or broken model asking for 10,000 calls at once cost 40 s of CPU and
+    seconds of event-loop stalls; the limit per step makes it a model error."""
+    many = [call("calculator", f"c{i}", expression="1 + 1") for i in range(5)]
+    builder = AgentBuilder().with_max_tool_calls_per_step(4)
+    run = Run([calls(*many), say("never")], builder)
+    state = await run()
+    assert state.status is AgentStatus.FAILED
+    assert run.tool_runs == []  # none of the five ran
+    last = state.last_step_result()
+    assert last is not None
+    assert last.step.errors[0].error_type is ErrorType.MODEL
+    assert last.step.errors[0].message == (
+        "the model asked for 5 tool calls in one response; at most 4 are run per step "
+        "(max_tool_calls_per_step)"
+    )
+    exactly = Run([calls(*many[:4]), say("done")], builder)
+    assert (await exactly()).status is AgentStatus.COMPLETED
+    assert exactly.tool_runs == ["calculator"] * 4
+
+
+def test_the_tool_call_limit_must_be_positive() -> None:
+    builder = AgentBuilder().with_driver(ScriptedDriver([])).with_max_tool_calls_per_step(0)
+    with pytest.raises(ValueError, match="max_tool_calls must be at least 1, got 0"):
+        builder.build()
+
+
 async def test_retry_all_retries_model_errors_then_succeeds() -> None:
     turns: list[ScriptedTurn] = [ScriptedFailure(RateLimitError("429")), say("ok")]
     state = await Run(turns, AgentBuilder().with_error_policy(ErrorPolicy.retry_all(1)))()
