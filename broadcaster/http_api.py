@@ -34,7 +34,7 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -146,9 +146,15 @@ class _Api:
         await self.node.publish_batch(
             app.id, [(t.channels, t.name, t.data, t.socket_id) for t in batch]
         )
+        counted = {c for t in batch if "subscription_count" in t.info for c in t.channels}
+        # One read for the whole batch, of its own channels only.
+        counts = await self.node.channel_counts(app.id, counted) if counted else None
         results = []
         for trigger in batch:
-            infos = await self._infos(app, trigger.channels, trigger.info) if trigger.info else {}
+            if trigger.info:
+                infos = await self._infos(app, trigger.channels, trigger.info, counts)
+            else:
+                infos = {}
             results.append(next(iter(infos.values()), {}))
         return {"batch": results}
 
@@ -173,7 +179,7 @@ class _Api:
         info = http_models.parse_info(request.query_params.get("info"))
         if "user_count" in info and channel_kind(name) is not ChannelKind.PRESENCE:
             raise ApiError(400, f"info=user_count is only for presence channels, not {name!r}")
-        counts = await self.node.channel_counts(app.id)
+        counts = await self.node.channel_counts(app.id, (name,))
         result: dict[str, Any] = {"occupied": counts.get(name, 0) > 0}
         result.update((await self._infos(app, [name], info, counts))[name])
         return result
@@ -195,12 +201,12 @@ class _Api:
     async def _infos(
         self,
         app: AppConfig,
-        names: Iterable[str],
+        names: Sequence[str],
         info: frozenset[str],
         counts: dict[str, int] | None = None,
     ) -> dict[str, dict[str, int]]:
         if "subscription_count" in info and counts is None:
-            counts = await self.node.channel_counts(app.id)
+            counts = await self.node.channel_counts(app.id, names)
         result: dict[str, dict[str, int]] = {}
         for name in names:
             entry: dict[str, int] = {}

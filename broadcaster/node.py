@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from typing import Any
 
 from broadcaster import protocol
@@ -478,9 +478,12 @@ class Node:
         self.metrics.http_publishes += len(publications)
         return positions
 
-    async def channel_counts(self, app_id: str) -> dict[str, int]:
-        """Occupied channels of the app with their subscription counts (all nodes)."""
-        return await self.backend.subscription_counts(app_id)
+    async def channel_counts(
+        self, app_id: str, channels: Collection[str] | None = None
+    ) -> dict[str, int]:
+        """Occupied channels of the app with their subscription counts (all nodes); of
+        ``channels`` only, when given."""
+        return await self.backend.subscription_counts(app_id, channels)
 
     async def presence_members(self, app_id: str, channel: str) -> list[PresenceMember]:
         """The members of a presence channel (all nodes)."""

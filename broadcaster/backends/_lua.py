@@ -249,11 +249,27 @@ return 1
 SUBSCRIPTION_COUNTS = Script(
     """
 -- KEYS: the app's set of counting nodes. ARGV: per-node count hash prefix, node key
--- prefix. Returns channel / total pairs over live nodes; forgets dead nodes.
+-- prefix, then the channels to count (none: every channel). Returns channel / total
+-- pairs over live nodes; forgets dead nodes. Named channels are read with HMGET: a
+-- query about a few channels does not walk every channel of the app.
 local totals, names = {}, {}
+local wanted = {}
+for i = 3, #ARGV do wanted[#wanted + 1] = ARGV[i] end
 for _, node in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   if redis.call('EXISTS', ARGV[2] .. node) == 1 then
-    local counts = redis.call('HGETALL', ARGV[1] .. node)
+    local counts
+    if #wanted > 0 then
+      local values = redis.call('HMGET', ARGV[1] .. node, unpack(wanted))
+      counts = {}
+      for i, name in ipairs(wanted) do
+        if values[i] then
+          counts[#counts + 1] = name
+          counts[#counts + 1] = values[i]
+        end
+      end
+    else
+      counts = redis.call('HGETALL', ARGV[1] .. node)
+    end
     for i = 1, #counts, 2 do
       local name = counts[i]
       if totals[name] == nil then

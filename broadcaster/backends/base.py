@@ -13,7 +13,7 @@ synchronously, once per publication per node; it must not block.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -273,8 +273,11 @@ class Presence(Protocol):
         """Adjust this node's subscription count for the channel by ``delta``."""
         ...
 
-    async def subscription_counts(self, app_id: str) -> dict[str, int]:
-        """Occupied channels of the app and their subscription counts across live nodes."""
+    async def subscription_counts(
+        self, app_id: str, channels: Collection[str] | None = None
+    ) -> dict[str, int]:
+        """Occupied channels of the app and their subscription counts across live nodes:
+        of ``channels`` only, when given (a few channels need not cost every channel)."""
         ...
 
 

@@ -17,7 +17,7 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
@@ -254,8 +254,13 @@ class MemoryBackend:
         else:
             counts.pop(channel, None)
 
-    async def subscription_counts(self, app_id: str) -> dict[str, int]:
-        return dict(self._counts.get(app_id, {}))
+    async def subscription_counts(
+        self, app_id: str, channels: Collection[str] | None = None
+    ) -> dict[str, int]:
+        counts = self._counts.get(app_id, {})
+        if channels is None:
+            return dict(counts)
+        return {name: counts[name] for name in channels if name in counts}
 
     async def store_value(self, app_id: str, key: str, value: bytes, ttl: float) -> None:
         _check_ttl(ttl)

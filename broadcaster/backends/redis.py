@@ -53,7 +53,7 @@ import re
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 from urllib.parse import unquote, urlsplit
@@ -1333,13 +1333,17 @@ class RedisBackend:
             self._counts_writer = None
             self._write_counts_soon()  # what changed during this write
 
-    async def subscription_counts(self, app_id: str) -> dict[str, int]:
+    async def subscription_counts(
+        self, app_id: str, channels: Collection[str] | None = None
+    ) -> dict[str, int]:
         """Raises:
         BackendUnavailable: Redis is unreachable."""
         self._check_ready()
+        if channels is not None and not channels:
+            return {}
         keys = (self._key(app_id, "subs-nodes"),)
         try:
-            args = (self._key(app_id, "subs", ""), await self._liveness())
+            args = (self._key(app_id, "subs", ""), await self._liveness(), *(channels or ()))
             flat = await self._scripts.SUBSCRIPTION_COUNTS.run(self._client, keys, args)
         except _ERRORS as exc:
             raise self._failed("read subscription counts", exc) from exc

@@ -338,6 +338,10 @@ async def test_subscription_counts_are_summed_over_nodes(
     await second.backend.add_subscriptions(APP, "news", 1)
     assert await first.backend.subscription_counts(APP) == {"chat": 3, "news": 1}
     assert await second.backend.subscription_counts(APP) == {"chat": 3, "news": 1}
+    # Of named channels only: an unoccupied one is left out, as in the full answer.
+    assert await first.backend.subscription_counts(APP, ["chat", "idle"]) == {"chat": 3}
+    assert await second.backend.subscription_counts(APP, ("news",)) == {"news": 1}
+    assert await first.backend.subscription_counts(APP, []) == {}
 
     await first.backend.add_subscriptions(APP, "chat", -2)
     await second.backend.add_subscriptions(APP, "news", -1)

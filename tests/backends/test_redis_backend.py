@@ -203,6 +203,29 @@ async def test_a_node_resubscribes_and_restores_its_state_when_redis_comes_back(
     assert await subscriber.backend.presence_remove(APP, "presence-room", "1.1") == alice
 
 
+async def test_counting_named_channels_does_not_read_every_channel(
+    redis_factory: RedisFactory, cluster: Callable[..., Any]
+) -> None:
+    """A query about one channel (GET /apps/{id}/channels/{name}, info on a publish)
+    once read every channel's count of every node in one blocking script: 51,200
+    public channels held from one address made it 64-112 ms of Redis per call. Named
+    channels are read with HMGET."""
+    redis = redis_factory()
+    node = await cluster(redis.url)
+    for i in range(2_000):
+        await node.backend.add_subscriptions(APP, f"c{i}", 1)
+    client = Redis(port=redis.port)
+    try:
+        await client.config_resetstat()
+        assert await node.backend.subscription_counts(APP, ["c7", "nobody"]) == {"c7": 1}
+        stats = await client.info("commandstats")
+        assert "cmdstat_hgetall" not in stats
+        assert stats["cmdstat_hmget"]["calls"] == 1
+        assert len(await node.backend.subscription_counts(APP)) == 2_000  # the whole app
+    finally:
+        await client.aclose()
+
+
 async def test_an_unresponsive_redis_is_detected_by_the_heartbeat(
     redis_factory: RedisFactory, cluster: Callable[..., Any]
 ) -> None:
