@@ -74,6 +74,7 @@ from agent_core.app.runs import (
     resolve_mode,
     run_claim,
 )
+from broadcaster._text import EXCERPT_LENGTH, excerpt
 from broadcaster.backends.clients import RedisClient, display_url, redis_client
 from broadcaster.backends.redis import DEFAULT_PREFIX, claim_key, value_key
 from broadcaster.envelope import channel_for
@@ -198,6 +199,10 @@ return mine
 """
 """Forget run ARGV[1] and free its session and client entry; 1 when it was still
 leased. KEYS: leases, jobs, takers, claim, client set."""
+
+_WITHDRAW = "redis.call('LREM', KEYS[6], 1, ARGV[1])\n" + _FINISH
+"""Take run ARGV[1] back off the queue too (a start whose enqueue reply was lost).
+KEYS: leases, jobs, takers, claim, client set, queue."""
 
 _REAP = (
     _NOW
@@ -448,10 +453,25 @@ class RunQueue:
         try:
             return await self._enqueue(request, session_id, run_id, client)
         except BaseException:
-            job = _Job(run_id, client, RunHandle(session_id, "", ""), request)
             with contextlib.suppress(RedisError, OSError):
-                await _finish(self.redis, self._keys, job)
+                await self._withdraw(session_id, run_id, client)
             raise
+
+    async def _withdraw(self, session_id: str, run_id: str, client: str | None) -> None:
+        """Undo a start: the enqueue may have run though its reply was lost, so the run
+        leaves the queue too (else a worker would pop an id with no lease)."""
+        keys = self._keys
+        await self.redis.eval(
+            _WITHDRAW,
+            6,
+            keys.leases,
+            keys.jobs,
+            keys.takers,
+            keys.claim(session_id),
+            keys.client(client),
+            keys.queue,
+            run_id,
+        )
 
     async def _admit(self, session_id: str, run_id: str, client: str | None) -> None:
         keys = self._keys
@@ -571,8 +591,7 @@ class Worker:
         reaping = asyncio.get_running_loop().create_task(
             self.reaper.run_forever(self.lease / 3, stop)
         )
-        while not stop.is_set():
-            await self._slots.acquire()
+        while await self._slot(stop):
             try:
                 item = await self.redis.blpop([self._keys.queue], timeout=1)
             except (RedisError, OSError) as exc:
@@ -583,7 +602,7 @@ class Worker:
             if item is None:
                 self._slots.release()
                 continue
-            task = asyncio.get_running_loop().create_task(self._take(_bytes(item[1]).decode()))
+            task = asyncio.get_running_loop().create_task(self._take(_bytes(item[1])))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         if self._tasks:
@@ -592,9 +611,54 @@ class Worker:
         await self.reaper.aclose()
         await self._publisher.aclose()
 
-    async def _take(self, run_id: str) -> None:
+    async def _slot(self, stop: asyncio.Event) -> bool:
+        """Wait for a free slot and take it; False (holding none) once ``stop`` is set,
+        even while every slot is busy."""
+        if stop.is_set():
+            return False
+        if not self._slots.locked():
+            return await self._slots.acquire()
+        loop = asyncio.get_running_loop()
+        acquiring = loop.create_task(self._slots.acquire())
+        stopping = loop.create_task(stop.wait())
+        held = False
         try:
-            keys = self._keys
+            await asyncio.wait([acquiring, stopping], return_when=asyncio.FIRST_COMPLETED)
+            held = not stop.is_set()
+        finally:
+            stopping.cancel()
+            # cancel() is False once it acquired (a cancelled acquire gives back any slot)
+            if not acquiring.cancel() and not held:
+                self._slots.release()
+        return held
+
+    async def _take(self, queued: bytes) -> None:
+        """Run the queued run whose id is ``queued``, if it can; then free its slot."""
+        try:
+            job = await self._lease(queued)
+            if job is None:
+                return
+            try:
+                await self._execute(job)
+            finally:
+                self.completed += 1
+        finally:
+            self._slots.release()
+
+    async def _lease(self, queued: bytes) -> _Job | None:
+        """Lease the queued run to this worker and return its job; None (logged) when it
+        is not to run here."""
+        try:
+            run_id = queued.decode()
+        except UnicodeDecodeError:
+            logger.warning(
+                "dropping a queued run id that is not UTF-8 (%d bytes): %r",
+                len(queued),
+                queued[:EXCERPT_LENGTH],
+            )
+            return None
+        keys = self._keys
+        try:
             raw = await self.redis.eval(
                 _TAKE,
                 3,
@@ -605,25 +669,21 @@ class Worker:
                 _ms(self.lease),
                 self.worker_id,
             )
-            if raw is None:
-                return  # ended meanwhile (it waited too long)
-            job = _parse_job(_bytes(raw))
-        except (ValueError, KeyError, TypeError, ValidationError) as exc:
-            logger.error("dropping malformed run %s (%s)", run_id, exc)
-            self._slots.release()
-            return
-        except (RedisError, OSError) as exc:  # it ends failed after its queue timeout
-            logger.error("cannot take run %s (%s)", run_id, exc)
-            self._slots.release()
-            return
-        except BaseException:
-            self._slots.release()
-            raise
+        except (RedisError, OSError) as exc:  # it ends failed after its deadline
+            logger.error("cannot take run %s (%s)", excerpt(run_id), exc)
+            return None
+        if raw is None:
+            logger.warning(
+                "dropping queued run %s: it has no lease (it was ended while it waited, or "
+                "its start was undone)",
+                excerpt(run_id),
+            )
+            return None
         try:
-            await self._execute(job)
-        finally:
-            self.completed += 1
-            self._slots.release()
+            return _parse_job(_bytes(raw))
+        except (ValueError, KeyError, TypeError, ValidationError) as exc:
+            logger.error("dropping malformed run %s (%s)", excerpt(run_id), exc)
+            return None
 
     async def _execute(self, job: _Job) -> None:
         loop = asyncio.get_running_loop()
