@@ -4,6 +4,7 @@ opens its channel feed before answering."""
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
@@ -19,7 +20,7 @@ from broadcaster.sessions import bearer_token, private_session_exists, token_gra
 from broadcaster.settings import AppConfig
 from broadcaster.sse import ChannelFeed, stream_feed
 
-__all__ = ["FeedResponse", "RunHost", "json_error", "start_run"]
+__all__ = ["FeedResponse", "RunHost", "client_address", "json_error", "start_run"]
 
 
 class _Runs(Protocol):
@@ -63,14 +64,32 @@ async def start_run(
         if refused is not None:
             return refused
         assert host.runs is not None, "the lifespan starts the runs"
-        client = None if request.client is None else request.client.host
-        return await host.runs.start(wanted, client)
+        return await host.runs.start(wanted, client_address(request))
     except SessionBusy as exc:
         return json_error(409, str(exc), session_id=exc.session_id)
     except RunRefused as exc:  # per-client limits, a full node or queue
         return JSONResponse(exc.answer, status_code=exc.status, headers=exc.headers)
     except (BackendUnavailable, RedisError, OSError) as exc:
         return json_error(503, f"cannot start the run now: {exc}")
+
+
+def client_address(request: Request) -> str | None:
+    """Who the per-client run limits count: the peer's address, or the one a trusted
+    proxy gave (uvicorn's ``--forwarded-allow-ips``, by default only a proxy on
+    loopback). An IPv6 client counts as its /64: one host is commonly given a whole
+    /64, so counting each address would multiply every limit by as many as it picks."""
+    if request.client is None:
+        return None
+    host = request.client.host
+    if ":" not in host:
+        return host
+    try:
+        address = ipaddress.IPv6Address(host)
+    except ValueError:
+        return host  # not an address (a test client's name, a Unix socket): as it is
+    if address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(ipaddress.IPv6Network((address, 64), strict=False))
 
 
 async def _refused(host: RunHost, request: Request, session_id: str, kind: str) -> Response | None:

@@ -38,6 +38,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from agent_core.app import agui, vercel_ai
+from agent_core.app._streams import client_address
 from agent_core.app.demo_routing import demo_parts
 from agent_core.app.runs import (
     BackendClaims,
@@ -264,12 +265,6 @@ def _error(status: int, message: str, **extra: Any) -> JSONResponse:
 def refusal(exc: RunRefused) -> JSONResponse:
     """429 or 503 with ``Retry-After`` for a run that may be retried later."""
     return JSONResponse(exc.answer, status_code=exc.status, headers=exc.headers)
-
-
-def client_address(request: Request) -> str | None:
-    """The address per-client limits count: the peer's, or the one a trusted proxy
-    gave (uvicorn's ``--forwarded-allow-ips``, by default only a proxy on loopback)."""
-    return None if request.client is None else request.client.host
 
 
 def _config(demo: _Demo) -> Any:

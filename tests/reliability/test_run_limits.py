@@ -12,7 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.requests import Request
 
+from agent_core.app._streams import client_address
 from agent_core.app.demo import DemoSettings, _Demo
 from agent_core.app.runs import ClientRateLimit, RunManager, TooManyRuns
 from tests.reliability.helpers import own_rss, report
@@ -62,6 +64,32 @@ def test_a_client_gets_its_burst_then_its_rate() -> None:
     limit.take("b")  # another client has its own bucket
     clock.now = 10.0
     limit.take("a")
+
+
+@pytest.mark.parametrize(
+    ("peer", "client"),
+    [
+        ("203.0.113.9", "203.0.113.9"),
+        ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"),
+        ("2001:db8:1:2:ffff:ffff:ffff:ffff", "2001:db8:1:2::/64"),  # the same client
+        ("2001:db8:1:3::1", "2001:db8:1:3::/64"),  # another /64: another client
+        ("::ffff:198.51.100.7", "198.51.100.7"),  # IPv4 through an IPv6 socket
+        ("testclient", "testclient"),
+    ],
+)
+def test_an_ipv6_client_is_counted_as_its_slash_64(peer: str, client: str) -> None:
+    """A host is commonly given a whole /64: counted per address, it could pick a new
+    one for every run and escape every per-client limit."""
+    request = Request({"type": "http", "client": (peer, 50000), "headers": []})
+    assert client_address(request) == client
+
+
+def test_a_slash_64_shares_one_allowance() -> None:
+    limit = ClientRateLimit(per_minute=1, burst=2, clock=lambda: 0.0)
+    for host in ("2001:db8::1", "2001:db8::2"):
+        limit.take(str(client_address(Request({"type": "http", "client": (host, 1)}))))
+    with pytest.raises(TooManyRuns, match="too many runs from 2001:db8::/64"):
+        limit.take(str(client_address(Request({"type": "http", "client": ("2001:db8::3", 1)}))))
 
 
 def test_a_refund_gives_the_run_back() -> None:
