@@ -25,15 +25,28 @@ Errors (all :class:`agent_core.errors.ModelError`): HTTP 429 -> ``RateLimitError
 ``ModelTimeoutError``; other HTTP errors -> ``ModelError`` with ``status_code`` and the
 provider's message; connection failures, malformed chunks, an ``error`` object in the
 stream and tool-call arguments that are not a JSON object -> ``ModelError``.
+
+Limits: the endpoint is not trusted with the process's memory or time. The body is read
+as bytes and split into lines here; a line longer than ``max_line_bytes`` (1 MiB), a
+body longer than ``max_response_bytes`` (16 MiB), text longer than ``max_text_bytes``
+(4 MiB), one tool call's arguments longer than ``max_tool_arguments_bytes`` (1 MiB) or
+nested deeper than ``max_tool_arguments_depth`` (64) -> ``ModelError``; a response not
+finished within ``response_timeout`` (300 s, in addition to the per-read ``timeout``)
+-> ``ModelTimeoutError``. Each message names the limit, its value and its setting.
+Of an error body (HTTP >= 400, or not an event stream) the first 64 KiB are read.
+Compressed bodies are not accepted (the driver asks for ``identity``), so that bytes
+read are bytes held.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import email.utils
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Annotated, Any, Self
@@ -43,7 +56,7 @@ import pydantic
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from agent_core.drivers._sse import SSEDecoder
+from agent_core.drivers._sse import LineDecoder, SSEDecoder, SSELimitError
 from agent_core.drivers.base import (
     ModelRequest,
     ModelResponse,
@@ -69,11 +82,28 @@ logger = logging.getLogger(__name__)
 
 _DONE = "[DONE]"
 _SNIPPET = 200  # characters of a bad payload quoted in an error message
+_MIB = 1024 * 1024
+_ERROR_BODY_BYTES = 64 * 1024  # read of an error body, which is only quoted
+# orjson refuses to serialize past 255 levels, and arguments are nested a few levels
+# deep in envelopes and snapshots: a higher limit would let a model break them.
+_MAX_DEPTH_LIMIT = 128
 
 
 def _env(name: str) -> AliasChoices:
     # The first alias found wins: the specific AGENT_OPENAI_* over the common OPENAI_*.
     return AliasChoices(f"AGENT_OPENAI_{name.upper()}", f"OPENAI_{name.upper()}")
+
+
+def _over_limit(what: str, setting: str, limit: int, unit: str = "bytes") -> ModelError:
+    """The error for a response that went over one of the settings' limits."""
+    return ModelError(
+        f"{what} is over the limit: {setting} = {limit} {unit} "
+        f"(AGENT_OPENAI_{setting.upper()}); the response was not read further"
+    )
+
+
+def _utf8_length(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
 
 
 class OpenAISettings(BaseSettings):
@@ -84,6 +114,10 @@ class OpenAISettings(BaseSettings):
     different endpoint than other OpenAI tools on the same machine); arguments to the
     constructor win over both. ``api_key`` is optional because local servers rarely
     need one; without it no ``Authorization`` header is sent.
+
+    ``timeout`` bounds connecting and each read; ``response_timeout`` bounds one whole
+    response. The ``max_*`` fields bound what one response may hold (see the module
+    docstring); a response over one fails with a ``ModelError`` naming it.
     """
 
     model_config = SettingsConfigDict(
@@ -94,6 +128,20 @@ class OpenAISettings(BaseSettings):
     api_key: Annotated[SecretStr | None, Field(validation_alias=_env("api_key"), repr=False)] = None
     model: Annotated[str, Field(min_length=1, validation_alias=_env("model"))] = "gpt-4o-mini"
     timeout: Annotated[float, Field(gt=0, validation_alias=_env("timeout"))] = 60.0
+    response_timeout: Annotated[float, Field(gt=0, validation_alias=_env("response_timeout"))] = (
+        300.0
+    )
+    max_line_bytes: Annotated[int, Field(gt=0, validation_alias=_env("max_line_bytes"))] = _MIB
+    max_response_bytes: Annotated[int, Field(gt=0, validation_alias=_env("max_response_bytes"))] = (
+        16 * _MIB
+    )
+    max_text_bytes: Annotated[int, Field(gt=0, validation_alias=_env("max_text_bytes"))] = 4 * _MIB
+    max_tool_arguments_bytes: Annotated[
+        int, Field(gt=0, validation_alias=_env("max_tool_arguments_bytes"))
+    ] = _MIB
+    max_tool_arguments_depth: Annotated[
+        int, Field(gt=0, le=_MAX_DEPTH_LIMIT, validation_alias=_env("max_tool_arguments_depth"))
+    ] = 64
 
     @field_validator("base_url")
     @classmethod
@@ -263,6 +311,8 @@ def _parse_chunk(data: str) -> _Chunk:
             f"malformed stream chunk: not JSON ({exc.msg} at position {exc.pos}): "
             f"{data[:_SNIPPET]!r}"
         ) from exc
+    except RecursionError as exc:
+        raise ModelError(f"malformed stream chunk: nested too deeply: {data[:_SNIPPET]!r}") from exc
     if isinstance(raw, dict) and raw.get("error") is not None:
         raise ModelError(f"the model API reported an error mid-stream: {_error_text(raw['error'])}")
     try:
@@ -282,8 +332,9 @@ class _PartialCall:
     id: str | None = None
     name: str | None = None
     arguments: list[str] = field(default_factory=list)
+    size: int = 0  # bytes of arguments so far
 
-    def complete(self, index: int) -> ToolCall:
+    def complete(self, index: int, max_depth: int) -> ToolCall:
         if not self.id or not self.name:
             missing = "id" if not self.id else "function name"
             raise ModelError(f"streamed tool call #{index} ended without its {missing}")
@@ -295,12 +346,36 @@ class _PartialCall:
                 f"the model sent invalid JSON arguments for tool {self.name!r} "
                 f"(call {self.id}): {exc.msg} at position {exc.pos}: {text[:_SNIPPET]!r}"
             ) from exc
+        except RecursionError as exc:
+            raise self._too_deep(max_depth) from exc
         if not isinstance(arguments, dict):
             raise ModelError(
                 f"the model sent arguments for tool {self.name!r} (call {self.id}) that "
                 f"are JSON but not an object: {text[:_SNIPPET]!r}"
             )
+        if text.count("{") + text.count("[") > max_depth and _deeper_than(arguments, max_depth):
+            raise self._too_deep(max_depth)
         return ToolCall(id=self.id, name=self.name, arguments=arguments)
+
+    def _too_deep(self, max_depth: int) -> ModelError:
+        what = f"the nesting of the arguments for tool {self.name!r} (call {self.id})"
+        return _over_limit(what, "max_tool_arguments_depth", max_depth, "levels")
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether JSON containers in ``value`` nest more than ``limit`` levels (``value``
+    itself is level 1); one pass per level, no recursion."""
+    level = [value]
+    for _ in range(limit):
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return False
+    return True
 
 
 @dataclass
@@ -308,10 +383,16 @@ class ChatStreamAccumulator:
     """Sans-I/O assembly of a streamed chat completion (the first choice only).
 
     Feed it each parsed chunk; it returns the deltas to pass on and remembers enough to
-    build the final :class:`ModelResponse` in :meth:`finish`.
+    build the final :class:`ModelResponse` in :meth:`finish`. The ``max_*`` fields are
+    the limits of the same names in :class:`OpenAISettings`; going over one raises
+    ``ModelError``.
     """
 
+    max_text_bytes: int = 4 * _MIB
+    max_tool_arguments_bytes: int = _MIB
+    max_tool_arguments_depth: int = 64
     _text: list[str] = field(default_factory=list)
+    _text_size: int = 0
     _calls: dict[int, _PartialCall] = field(default_factory=dict)
     _usage: Usage | None = None
     _finish_reason: str | None = None
@@ -330,6 +411,9 @@ class ChatStreamAccumulator:
 
     def _feed_delta(self, delta: _Delta) -> Iterator[TextDelta | ToolCallDelta]:
         if delta.content:
+            self._text_size += _utf8_length(delta.content)
+            if self._text_size > self.max_text_bytes:
+                raise _over_limit("the model's text", "max_text_bytes", self.max_text_bytes)
             self._text.append(delta.content)
             yield TextDelta(text=delta.content)
         for position, fragment in enumerate(delta.tool_calls or ()):
@@ -341,10 +425,14 @@ class ChatStreamAccumulator:
         function = fragment.function or _FunctionDelta()
         partial.id = partial.id or fragment.id or None
         partial.name = partial.name or function.name or None
-        partial.arguments.append(function.arguments or "")
-        return ToolCallDelta(
-            index=index, id=fragment.id, name=function.name, arguments=function.arguments or ""
-        )
+        arguments = function.arguments or ""
+        partial.size += _utf8_length(arguments)
+        if partial.size > self.max_tool_arguments_bytes:
+            limit = self.max_tool_arguments_bytes
+            what = f"the arguments of tool call #{index} ({partial.name or 'no name yet'})"
+            raise _over_limit(what, "max_tool_arguments_bytes", limit)
+        partial.arguments.append(arguments)
+        return ToolCallDelta(index=index, id=fragment.id, name=function.name, arguments=arguments)
 
     def finish(self, *, saw_done: bool) -> ModelResponse:
         """The assembled response.
@@ -355,14 +443,15 @@ class ChatStreamAccumulator:
 
         Raises:
             ModelError: the stream was cut off, or a tool call is incomplete or has
-                arguments that are not a JSON object.
+                arguments that are not a JSON object or nest too deeply.
         """
         if not saw_done and self._finish_reason is None:
             raise ModelError(
                 "the model API closed the stream before the response finished "
                 "(no finish_reason and no [DONE])"
             )
-        calls = tuple(self._calls[index].complete(index) for index in sorted(self._calls))
+        depth = self.max_tool_arguments_depth
+        calls = tuple(self._calls[index].complete(index, depth) for index in sorted(self._calls))
         return ModelResponse(
             content="".join(self._text),
             tool_calls=calls,
@@ -438,9 +527,10 @@ class OpenAIChatDriver:
     ``client`` is shared, not owned: the driver does not close it.
 
     Args:
-        settings: endpoint, key, default model and timeout; read from the environment
-            when omitted (see :class:`OpenAISettings`).
-        client: an ``httpx.AsyncClient`` to reuse (its own timeout then applies).
+        settings: endpoint, key, default model, timeouts and limits; read from the
+            environment when omitted (see :class:`OpenAISettings`).
+        client: an ``httpx.AsyncClient`` to reuse (its own timeout then applies; the
+            settings' ``response_timeout`` and limits still do).
     """
 
     def __init__(
@@ -471,7 +561,8 @@ class OpenAIChatDriver:
         await self.aclose()
 
     def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "text/event-stream"}
+        # identity: a compressed body could expand far past what was read.
+        headers = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
         if self.settings.api_key is not None:
             headers["Authorization"] = f"Bearer {self.settings.api_key.get_secret_value()}"
         return headers
@@ -482,60 +573,135 @@ class OpenAIChatDriver:
         Raises:
             RateLimitError: HTTP 429.
             ModelTimeoutError: connecting, sending or waiting for the next chunk took
-                longer than the timeout.
+                longer than ``timeout``, or the whole response longer than
+                ``response_timeout``.
             ModelError: any other failure (HTTP error, connection, malformed stream,
-                an error reported in the stream, invalid tool-call arguments).
+                an error reported in the stream, invalid tool-call arguments, a
+                response over one of the settings' limits).
         """
         body = request_body(request, self.settings.model)
         logger.debug("chat completion: %s, %d messages", body["model"], len(body["messages"]))
-        accumulator = ChatStreamAccumulator()
+        settings = self.settings
+        accumulator = ChatStreamAccumulator(
+            max_text_bytes=settings.max_text_bytes,
+            max_tool_arguments_bytes=settings.max_tool_arguments_bytes,
+            max_tool_arguments_depth=settings.max_tool_arguments_depth,
+        )
+        deadline = asyncio.get_running_loop().time() + settings.response_timeout
         saw_done = False
         try:
-            async with self._client.stream(
-                "POST", self.url, json=body, headers=self._headers()
-            ) as response:
-                await self._check_response(response)
-                async for data in _sse_data(response):
+            sent = self._client.build_request("POST", self.url, json=body, headers=self._headers())
+            async with asyncio.timeout_at(deadline):
+                response = await self._client.send(sent, stream=True)
+            try:
+                await self._check_response(response, deadline)
+                async for data in self._sse_data(response, deadline):
                     if data == _DONE:
                         saw_done = True
                         continue
                     for delta in accumulator.feed(_parse_chunk(data)):
                         yield delta
+            finally:
+                await response.aclose()
         except httpx.TimeoutException as exc:
             raise ModelTimeoutError(
-                f"{self.url} did not answer within {self.settings.timeout:g}s "
-                f"({type(exc).__name__})"
+                f"{self.url} did not answer within {settings.timeout:g}s ({type(exc).__name__})"
+            ) from exc
+        except TimeoutError as exc:  # the deadline: asyncio.timeout_at above and below
+            raise ModelTimeoutError(
+                f"{self.url} did not finish its response in time: response_timeout = "
+                f"{settings.response_timeout:g}s (AGENT_OPENAI_RESPONSE_TIMEOUT)"
             ) from exc
         except httpx.RequestError as exc:
             raise ModelError(f"could not talk to {self.url}: {type(exc).__name__}: {exc}") from exc
         yield ResponseCompleted(response=accumulator.finish(saw_done=saw_done))
 
-    async def _check_response(self, response: httpx.Response) -> None:
+    async def _check_response(self, response: httpx.Response, deadline: float) -> None:
         if response.status_code >= 400:
-            body = await response.aread()
+            body = await self._error_body(response, deadline)
             raise _http_error(response.status_code, response.headers, body, self.url)
         content_type = response.headers.get("content-type", "")
         if not content_type.startswith("text/event-stream"):
-            body = await response.aread()
+            body = await self._error_body(response, deadline)
             raise ModelError(
                 f"{self.url} answered a stream request with {content_type or 'no content type'!r}"
                 f" instead of text/event-stream: {_provider_message(body)}",
                 status_code=response.status_code,
             )
+        if encoding := _content_encoding(response):
+            raise ModelError(
+                f"{self.url} sent a {encoding!r}-encoded stream although the driver asked for "
+                "Accept-Encoding: identity; compressed responses are refused because their "
+                "size could not be bounded",
+                status_code=response.status_code,
+            )
+
+    async def _error_body(self, response: httpx.Response, deadline: float) -> bytes:
+        """The start of a body that is only quoted in an error message."""
+        if encoding := _content_encoding(response):
+            return f"(a {encoding}-encoded body, not read)".encode()
+        body = bytearray()
+        async with contextlib.aclosing(self._body(response, deadline)) as chunks:
+            async for chunk in chunks:
+                body += chunk[: _ERROR_BODY_BYTES - len(body)]
+                if len(body) >= _ERROR_BODY_BYTES:
+                    break
+        return bytes(body)
+
+    async def _body(
+        self, response: httpx.Response, deadline: float, limit: int | None = None
+    ) -> AsyncGenerator[bytes]:
+        """The body as read, each read within the deadline.
+
+        Raises:
+            ModelError: the body is longer than ``limit`` bytes (``max_response_bytes``).
+            TimeoutError: the deadline passed.
+        """
+        received = 0
+        chunks = response.aiter_raw()
+        while True:
+            async with asyncio.timeout_at(deadline):
+                chunk = await anext(chunks, None)
+            if chunk is None:
+                return
+            received += len(chunk)
+            if limit is not None and received > limit:
+                raise _over_limit("the response body", "max_response_bytes", limit)
+            yield chunk
+
+    async def _sse_data(self, response: httpx.Response, deadline: float) -> AsyncIterator[str]:
+        """The data of each server-sent event up to and including ``[DONE]`` (anything
+        after it is not read); an ``error`` event raises ``ModelError``."""
+        settings = self.settings
+        lines = LineDecoder(settings.max_line_bytes)
+        decoder = SSEDecoder(max_data_length=settings.max_line_bytes)
+        body = self._body(response, deadline, settings.max_response_bytes)
+        try:
+            async with contextlib.aclosing(body) as chunks:
+                async for chunk in chunks:
+                    for data in _event_data(decoder, lines.feed(chunk)):
+                        yield data
+                        if data == _DONE:
+                            return
+            # A blank line after the last one dispatches an event the server left open.
+            for data in _event_data(decoder, [*lines.flush(), ""]):
+                yield data
+        except SSELimitError as exc:
+            raise _over_limit(f"{exc.what} in the stream", "max_line_bytes", exc.limit) from exc
 
 
-async def _sse_data(response: httpx.Response) -> AsyncIterator[str]:
-    """The data of each server-sent event up to and including ``[DONE]`` (anything after
-    it is not read); an ``error`` event raises ``ModelError``."""
-    decoder = SSEDecoder()
-    async for line in response.aiter_lines():
+def _event_data(decoder: SSEDecoder, lines: list[str]) -> Iterator[str]:
+    """The data of each event that ``lines`` complete; an ``error`` event raises."""
+    for line in lines:
         event = decoder.feed_line(line)
         if event is not None:
             yield _checked(event.event, event.data)
-            if event.data == _DONE:
-                return
-    if (event := decoder.flush()) is not None:
-        yield _checked(event.event, event.data)
+
+
+def _content_encoding(response: httpx.Response) -> str:
+    """The body's content coding, ``""`` for none."""
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    return "" if encoding == "identity" else encoding
 
 
 def _checked(name: str, data: str) -> str:
