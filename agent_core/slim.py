@@ -26,6 +26,7 @@ restored.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -50,7 +51,9 @@ class SlimSerializationConfig:
     Attributes:
         max_messages: most recent messages kept.
         max_steps: most recent step summaries kept.
-        max_content_length: longer message text is cut and ends with ``...``.
+        max_content_length: longer message text is cut and ends with ``...``; a tool
+            call whose arguments are longer as JSON keeps only the start of that JSON,
+            as ``arguments_clipped`` (and continues with empty arguments).
         include_tool_results: if false, tool results read ``[tool result omitted]``.
         include_steps: include step summaries.
         include_continuation_trace: include ``last_continuation``.
@@ -166,7 +169,12 @@ class SlimAgentStateSerializer:
     def _tool_call(self, call: ToolCall) -> dict[str, Any]:
         if self.config.redact_tool_args:
             return {"id": call.id, "name": call.name}
-        return {"id": call.id, "name": call.name, "arguments": thaw(call.arguments)}
+        arguments = thaw(call.arguments)
+        text = json.dumps(arguments, default=str, ensure_ascii=False, separators=(",", ":"))
+        if len(text) > self.config.max_content_length:
+            # A model can send megabytes of arguments: the snapshot stays slim.
+            return {"id": call.id, "name": call.name, "arguments_clipped": self._content(text)}
+        return {"id": call.id, "name": call.name, "arguments": arguments}
 
     def _steps(self, state: AgentState) -> list[dict[str, Any]]:
         return [self._step(r) for r in _recent(state.step_results(), self.config.max_steps)]

@@ -139,7 +139,10 @@ class ToolStartedPayload(_Model):
     step_number: int | None = Field(default=None, ge=1)
     arguments: dict[str, Any] | None = Field(
         default=None,
-        description="The call's full arguments; null when the publisher redacts them.",
+        description=(
+            "The call's full arguments; null when the publisher redacts them or their JSON "
+            "is longer than its max_arguments_bytes (8,192 by default; args_summary stays)."
+        ),
     )
 
 

@@ -63,6 +63,10 @@ class AdapterOptions:
         summary_length: longest result summary (longer ones end in ``...``).
         arg_value_length: longest single argument value in an argument summary.
         max_summary_args: how many arguments an argument summary shows.
+        max_arguments_bytes: ``agent.tool.started`` carries a call's full arguments
+            when their JSON is at most this long, else ``null`` (the summary stays):
+            an envelope must fit a Pusher event (10,240 bytes of data) and a
+            subscriber's buffer.
         coalesce_seconds: longest time streamed text is held before it is published.
         coalesce_deltas: text deltas that trigger a publish before the delay ends.
     """
@@ -74,6 +78,7 @@ class AdapterOptions:
     summary_length: int = 100
     arg_value_length: int = 30
     max_summary_args: int = 3
+    max_arguments_bytes: int = 8_192
     coalesce_seconds: float = 0.05
     coalesce_deltas: int = 16
 
@@ -81,8 +86,16 @@ class AdapterOptions:
         for name in ("summary_length", "arg_value_length", "coalesce_deltas"):
             if getattr(self, name) < 4:
                 raise ValueError(f"{name} must be at least 4, got {getattr(self, name)!r}")
-        if self.coalesce_seconds < 0 or self.max_summary_args < 0:
-            raise ValueError("coalesce_seconds and max_summary_args cannot be negative")
+        if self.coalesce_seconds < 0 or self.max_summary_args < 0 or self.max_arguments_bytes < 0:
+            raise ValueError(
+                "coalesce_seconds, max_summary_args and max_arguments_bytes cannot be negative"
+            )
+
+
+def _bounded(args: Mapping[str, Any], limit: int) -> dict[str, Any] | None:
+    """``args`` as a dict, or None when their JSON is longer than ``limit`` bytes."""
+    size = len(orjson.dumps(args, default=str))
+    return dict(args) if size <= limit else None
 
 
 def _clip(text: str, limit: int) -> str:
@@ -204,7 +217,7 @@ class EnvelopeEmitter:
                 redact=o.redact_tool_args,
             ),
             step_number=_step(event),
-            arguments=None if o.redact_tool_args else dict(args),
+            arguments=None if o.redact_tool_args else _bounded(args, o.max_arguments_bytes),
         )
         await self._emit(env.ToolStarted, event, payload)
 

@@ -133,6 +133,31 @@ async def test_tool_arguments_can_be_redacted() -> None:
     ]
 
 
+async def test_long_tool_arguments_keep_only_the_start_of_their_json() -> None:
+    """A model can send megabytes of arguments (up to the driver's limit per call): the
+    snapshot, stored for a day, keeps max_content_length of them; restored, the call
+    goes on with empty arguments."""
+    long = call("calculator", "call_l", expression="1+" * 5_000 + "1")
+    turns = [ScriptedResponse(tool_calls=(WEATHER, long)), ScriptedResponse(text="ok")]
+    state = await agent(turns, TickingClock()).run("Sum it")
+    config = SlimSerializationConfig(max_content_length=100)
+    serializer = SlimAgentStateSerializer(config)
+    snap = serializer.serialize(state)
+    kept, clipped = snap["messages"][1]["metadata"]["tool_calls"]
+    assert kept == {"id": "call_w", "name": "get_weather", "arguments": {"city": "Oslo"}}
+    assert clipped == {
+        "id": "call_l",
+        "name": "calculator",
+        "arguments_clipped": '{"expression":"' + "1+" * 42 + "1...",
+    }
+    assert len(json.dumps(snap)) < 2_000
+    restored = serializer.deserialize(snap).messages[1].tool_calls
+    assert [(c.id, dict(c.arguments)) for c in restored] == [
+        ("call_w", {"city": "Oslo"}),
+        ("call_l", {}),
+    ]
+
+
 async def test_windows_keep_the_most_recent_messages_and_steps() -> None:
     config = SlimSerializationConfig(max_messages=2, max_steps=1)
     snap = SlimAgentStateSerializer(config).serialize(await finished_run())

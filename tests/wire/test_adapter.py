@@ -191,6 +191,30 @@ async def test_redaction_reaches_the_tool_envelopes() -> None:
     assert not any("Oslo" in p.args_summary for p in started)  # type: ignore[union-attr]
 
 
+async def test_arguments_too_long_for_an_event_are_left_out_of_the_envelope() -> None:
+    """An envelope must fit a Pusher event (10,240 bytes of data; the Pusher HTTP
+    publisher's target refuses more, and the envelope was dropped) and a subscriber's
+    buffer: arguments over max_arguments_bytes are null, their summary stays."""
+    short = call("calculator", "call_s", expression="6 * 7")
+    long = call("calculator", "call_l", expression="1+" * 3_000 + "1")
+    driver = ScriptedDriver([ScriptedResponse(tool_calls=(short, long)), ScriptedResponse()])
+    envelopes, _, _ = await run(driver, options=AdapterOptions(max_arguments_bytes=2_000))
+    started = {
+        p.tool_call_id: p  # type: ignore[union-attr]
+        for p in (e.payload for e in envelopes if e.type == "agent.tool.started")
+    }
+    assert started["call_s"].arguments == {"expression": "6 * 7"}
+    assert started["call_l"].arguments is None
+    assert started["call_l"].args_summary.startswith("expression: '1+1+")
+    biggest = max(len(orjson.dumps(e.model_dump(mode="json"))) for e in envelopes)
+    assert biggest < 10_240
+
+
+def test_the_arguments_limit_cannot_be_negative() -> None:
+    with pytest.raises(ValueError, match="max_arguments_bytes cannot be negative"):
+        AdapterOptions(max_arguments_bytes=-1)
+
+
 def explode(reason: str) -> str:
     """Always fails."""
     raise RuntimeError(f"tool broke: {reason}")
