@@ -30,7 +30,8 @@ Limits: the endpoint is not trusted with the process's memory or time. The body 
 as bytes and split into lines here; a line longer than ``max_line_bytes`` (1 MiB), a
 body longer than ``max_response_bytes`` (16 MiB), text longer than ``max_text_bytes``
 (4 MiB), one tool call's arguments longer than ``max_tool_arguments_bytes`` (1 MiB) or
-nested deeper than ``max_tool_arguments_depth`` (64) -> ``ModelError``; a response not
+nested deeper than ``max_tool_arguments_depth`` (64), more than ``max_tool_calls``
+(128) tool calls -> ``ModelError``; a response not
 finished within ``response_timeout`` (300 s, in addition to the per-read ``timeout``)
 -> ``ModelTimeoutError``. Each message names the limit, its value and its setting.
 Of an error body (HTTP >= 400, or not an event stream) the first 64 KiB are read.
@@ -142,6 +143,7 @@ class OpenAISettings(BaseSettings):
     max_tool_arguments_depth: Annotated[
         int, Field(gt=0, le=_MAX_DEPTH_LIMIT, validation_alias=_env("max_tool_arguments_depth"))
     ] = 64
+    max_tool_calls: Annotated[int, Field(gt=0, validation_alias=_env("max_tool_calls"))] = 128
 
     @field_validator("base_url")
     @classmethod
@@ -391,6 +393,7 @@ class ChatStreamAccumulator:
     max_text_bytes: int = 4 * _MIB
     max_tool_arguments_bytes: int = _MIB
     max_tool_arguments_depth: int = 64
+    max_tool_calls: int = 128
     _text: list[str] = field(default_factory=list)
     _text_size: int = 0
     _calls: dict[int, _PartialCall] = field(default_factory=dict)
@@ -421,7 +424,13 @@ class ChatStreamAccumulator:
 
     def _feed_tool_call(self, position: int, fragment: _ToolCallFragment) -> ToolCallDelta:
         index = position if fragment.index is None else fragment.index
-        partial = self._calls.setdefault(index, _PartialCall())
+        partial = self._calls.get(index)
+        if partial is None:
+            if len(self._calls) >= self.max_tool_calls:
+                raise _over_limit(
+                    "the number of tool calls", "max_tool_calls", self.max_tool_calls, "calls"
+                )
+            partial = self._calls[index] = _PartialCall()
         function = fragment.function or _FunctionDelta()
         partial.id = partial.id or fragment.id or None
         partial.name = partial.name or function.name or None
@@ -586,6 +595,7 @@ class OpenAIChatDriver:
             max_text_bytes=settings.max_text_bytes,
             max_tool_arguments_bytes=settings.max_tool_arguments_bytes,
             max_tool_arguments_depth=settings.max_tool_arguments_depth,
+            max_tool_calls=settings.max_tool_calls,
         )
         deadline = asyncio.get_running_loop().time() + settings.response_timeout
         saw_done = False

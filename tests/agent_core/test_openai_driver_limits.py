@@ -349,6 +349,18 @@ async def test_tool_arguments_past_max_tool_arguments_bytes_are_refused(api: Hos
     assert "AGENT_OPENAI_MAX_TOOL_ARGUMENTS_BYTES" in error.message
 
 
+async def test_more_tool_calls_than_max_tool_calls_are_refused(api: HostileAPI) -> None:
+    """Each new index is a partial call kept until the end: 200,000 of them held about
+    100 MB. Indices far apart count as calls like any other."""
+    fragments = [tool(i * 10**30, id=f"c{i}", name="calc", args="{}") for i in range(6)]
+    outcome = await stream(
+        api, pieces(*sse(*fragments, chunk(finish="tool_calls"))), max_tool_calls=5
+    )
+    error = failed(outcome)
+    assert "the number of tool calls is over the limit: max_tool_calls = 5 calls" in error.message
+    assert "AGENT_OPENAI_MAX_TOOL_CALLS" in error.message
+
+
 def nested(depth: int) -> str:
     """Tool arguments whose containers nest ``depth`` levels (the object is level 1)."""
     inner = depth - 1
@@ -468,6 +480,7 @@ def test_limit_defaults() -> None:
     assert settings.max_text_bytes == 4 * 1024 * KIB
     assert settings.max_tool_arguments_bytes == 1024 * KIB
     assert settings.max_tool_arguments_depth == 64
+    assert settings.max_tool_calls == 128
 
 
 def test_limits_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
