@@ -188,7 +188,14 @@ function onEnvelope(run, envelope, position) {
   scheduleRender();
   if (envelope.type !== "agent.status") return;
   if (TERMINAL.has(envelope.payload.status)) {
-    reconcileWithSnapshot(run, envelope.payload.state_url);
+    if (envelope.payload.state_url) {
+      reconcileWithSnapshot(run, envelope.payload.state_url);
+    } else {
+      // Nothing was stored for this run: the session's state is an earlier run's.
+      app.reconcileTicket += 1;
+      app.reconcileResult = { state: "error", message: "this run stored no final state" };
+      view.reconcile(app.reconcileResult);
+    }
   } else if (app.reconcileResult) {
     // Another run of the session started: the last verdict was about the one before.
     app.reconcileTicket += 1;

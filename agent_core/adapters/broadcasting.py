@@ -383,17 +383,34 @@ class AgentEventAdapter(EnvelopeEmitter):
         super().__init__(publisher, session_id, execution_id, options=options, channel=channel)
         self._final_state_hook = final_state
         self._final: AgentState | None = None
+        self._latest: AgentState | None = None
         self._steps: dict[int, list[env.ToolCallRef]] = {}
 
     def install(self, builder: AgentBuilder) -> AgentBuilder:
         """``builder`` with this adapter listening to its events (and capturing the
-        final state for reconcile)."""
-        return builder.with_listener(self.on_event).with_hook(
-            HookPoint.EXECUTION_END, self._capture_final, priority=-(2**31), name="broadcast"
+        final state for reconcile, and the latest one: see :attr:`latest`)."""
+        last = -(2**31)  # after every other hook: the state as the point leaves it
+        builder = builder.with_listener(self.on_event)
+        for point in (HookPoint.EXECUTION_START, HookPoint.STEP_END):
+            builder = builder.with_hook(
+                point, self._capture_latest, priority=last, name="broadcast"
+            )
+        return builder.with_hook(
+            HookPoint.EXECUTION_END, self._capture_final, priority=last, name="broadcast"
         )
 
+    @property
+    def latest(self) -> AgentState | None:
+        """The state as of the run's start or its last completed step (None before the
+        run starts): what is known of a run that never reached its end."""
+        return self._latest
+
+    def _capture_latest(self, state: AgentState) -> AgentState:
+        self._latest = state
+        return state
+
     def _capture_final(self, state: AgentState) -> AgentState:
-        self._final = state
+        self._final = self._latest = state
         return state
 
     async def _dispatch(self, event: ev.AgentEvent) -> None:

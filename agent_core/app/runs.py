@@ -37,6 +37,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from itertools import islice
 from typing import Any, Literal, Protocol
 
@@ -569,11 +570,28 @@ class RunManager:
             async with deadline:
                 return await agent.run(start)
         except Exception as exc:
-            # Whoever follows the run must not wait for a final status forever.
-            await adapter.fail(self._failure(handle, exc, deadline))
+            # Whoever follows the run must not wait for a final status forever, and
+            # whoever reconciles must find this run's state, not the one before.
+            message = self._failure(handle, exc, deadline)
+            await adapter.fail(message, await self._store_stopped(handle, adapter, message))
             return None
         finally:
             await adapter.aclose()
+
+    async def _store_stopped(
+        self, handle: RunHandle, adapter: AgentEventAdapter, reason: str
+    ) -> str | None:
+        """Store the state of a run that did not reach its end (as of its last completed
+        step) as ``failed`` because of ``reason``; where it is, or None if it was not
+        stored (logged)."""
+        if adapter.finished or adapter.latest is None:
+            return None  # ended already (its state stored then), or never started
+        state = stopped_state(adapter.latest, reason, utc_now())
+        try:
+            return await self._store(handle, state)
+        except Exception:
+            logger.exception("cannot store the failed state of session %s", handle.session_id)
+            return None
 
     def _failure(self, handle: RunHandle, exc: Exception, deadline: asyncio.Timeout) -> str:
         """The message of the failed status of a run that ended with ``exc``: stopped at
@@ -727,7 +745,23 @@ def _context_of(session_id: str, snapshot: dict[str, Any]) -> SessionContext:
 
 
 ABANDONED_BY = "RunSupervisor"
-"""The criterion name on the stop of a run whose executor was lost."""
+"""The criterion name on the stop of a run that did not reach its end: its executor
+was lost, it crashed, or it reached its maximum duration."""
+
+
+def stopped_state(state: AgentState, reason: str, now: datetime) -> AgentState:
+    """``state``, of a run in progress, ended ``failed`` because of ``reason``: the stop
+    is recorded as the supervisor's (``last_continuation``, resolved by
+    :data:`ABANDONED_BY`) and ``reason`` is in its metadata, so a snapshot explains it
+    like any other failure."""
+    stop = ContinuationEvaluation(
+        ABANDONED_BY, ContinuationDecision.FORBID, reason, stop_reason=StopReason.ERROR
+    )
+    return (
+        state.with_start_outcome(ContinuationOutcome.from_evaluations([stop]))
+        .end_execution(now, AgentStatus.FAILED, StopReason.ERROR)
+        .with_metadata("error", reason)
+    )
 
 
 async def end_abandoned(
@@ -750,18 +784,8 @@ async def end_abandoned(
         stored = None if load_snapshot is None else await load_snapshot(handle.channel)
         state = AgentState() if stored is None else serializer.deserialize(orjson.loads(stored))
         now = utc_now()
-        # Recorded as the run's stop, so the snapshot explains it like any other failure
-        # (error_message, last_continuation resolved by the supervisor).
-        stop = ContinuationEvaluation(
-            ABANDONED_BY, ContinuationDecision.FORBID, reason, stop_reason=StopReason.ERROR
-        )
-        state = (
-            state.with_user_message(request.input)
-            .start_execution(now, handle.execution_id)
-            .with_start_outcome(ContinuationOutcome.from_evaluations([stop]))
-            .end_execution(now, AgentStatus.FAILED, StopReason.ERROR)
-            .with_metadata("error", reason)
-        )
+        started = state.with_user_message(request.input).start_execution(now, handle.execution_id)
+        state = stopped_state(started, reason, now)
         await state_store.save(handle.channel, orjson.dumps(serializer.serialize(state)))
     except Exception:
         logger.exception("cannot store the failed state of session %s", handle.session_id)

@@ -157,6 +157,17 @@ export function finalText(run) {
   return run.statusPayload?.last_response ?? "";
 }
 
+/**
+ * The text a stored state holds as the final answer: that of the last completed step
+ * that streamed text (a step cut off mid-stream, as by a run's maximum duration, is
+ * in no state), or the status's last response.
+ */
+function storedText(run) {
+  const steps = orderedSteps(run).filter((step) => step.completed && step.chunks.size > 0);
+  if (steps.length) return stepText(steps[steps.length - 1]);
+  return run.statusPayload?.last_response ?? "";
+}
+
 /** Totals built from the events: completed steps, token usage, run time. */
 export function totals(run, now = Date.now()) {
   const usage = { prompt: 0, completion: 0, total: 0 };
@@ -242,7 +253,7 @@ export function reconcile(run, snapshot) {
     differ("tool call ids", toolIds(mine).join(", ") || "none", theirIds.join(", ") || "none", number);
     differ("finish reason", mine.completed.finish_reason ?? "none", theirs.finish_reason ?? "none", number);
   }
-  differ("final assistant text", finalText(run), lastAssistantText(snapshot));
+  differ("final assistant text", storedText(run), lastAssistantText(snapshot));
   return differences;
 }
 

@@ -212,6 +212,32 @@ def test_a_run_that_fails_on_its_last_allowed_step_is_shown_failed_with_its_erro
     screenshot(page, artifacts, "failed-on-last-step")
 
 
+@pytest.mark.parametrize("mode", ["agent", "route"])
+def test_a_run_stopped_at_its_maximum_duration_is_failed_and_reconciled_truthfully(
+    page: Page, server_factory: ServerFactory, artifacts: Path, mode: str
+) -> None:
+    """A run stopped mid-stream by AGENT_DEMO_MAX_RUN_SECONDS is shown failed with the
+    limit's message. An agent run's state as of its last completed step is stored and
+    in sync with the events (the text of the step cut off is in no state); a routed run
+    stores none, and the page says so instead of reading the session's state."""
+    server = server_factory("--demo", env={"AGENT_DEMO_MAX_RUN_SECONDS": "2.5"})
+    page.goto(server.url + "/")
+    expect(page.locator("body")).to_have_attribute("data-ready", "true", timeout=WAIT_MS)
+    page.get_by_label("Mode").select_option(mode)
+    page.get_by_label("Pace").select_option("400")
+    page.get_by_label("Ask the agent").fill("What is the weather in Lima? " * 40)
+    page.get_by_role("button", name="Start run").click()
+    expect(page.get_by_label("Run status")).to_have_text("failed", timeout=WAIT_MS)
+    expect(page.locator("#run-error")).to_contain_text("AGENT_DEMO_MAX_RUN_SECONDS")
+    reconcile = page.locator("#reconcile")
+    if mode == "agent":
+        expect(reconcile).to_have_attribute("data-state", "in_sync", timeout=WAIT_MS)
+    else:
+        expect(reconcile).to_have_attribute("data-state", "error", timeout=WAIT_MS)
+        expect(reconcile).to_contain_text("this run stored no final state")
+    screenshot(page, artifacts, f"stopped-at-maximum-duration-{mode}")
+
+
 def test_attaching_to_a_finished_session_replays_its_history_and_is_in_sync(
     browser: Browser, page: Page, demo_server: ServerProcess, artifacts: Path
 ) -> None:

@@ -196,8 +196,9 @@ async def test_a_run_past_its_maximum_duration_ends_failed_and_frees_its_session
     mode: str,
 ) -> None:
     """A paced run that would last for hours is stopped at AGENT_DEMO_MAX_RUN_SECONDS:
-    its final status is failed and names the limit, the session and the client's run
-    slot are free again, and the session takes a new run."""
+    its final status is failed and names the limit, an agent run's state as of its last
+    step is stored as failed (a reconcile must not find the run before), the session and
+    the client's run slot are free again, and the session takes a new run."""
     monkeypatch.setenv("AGENT_DEMO_MAX_RUN_SECONDS", "0.5")
     live = await start_server(demo=True)
     manager = demo_of(live).runs
@@ -212,6 +213,13 @@ async def test_a_run_past_its_maximum_duration_ends_failed_and_frees_its_session
         await manager.wait(run["session_id"])
         assert not manager.running(run["session_id"])
         assert manager._client_counts == {}, "the client's run slot is released"
+        if mode == "agent":  # this run's state, as of its last step, is the one stored
+            assert final["state_url"] == f"/api/sessions/{run['session_id']}/state"
+            snapshot = (await http.get(f"{live.url}{final['state_url']}")).json()
+            assert snapshot["status"] == "failed"
+            assert snapshot["messages"][0]["content"].startswith("hi \nhi")
+            assert "maximum duration" in snapshot["metadata"]["error"]
+            assert snapshot["last_continuation"]["resolved_by"] == "RunSupervisor"
         again = await post_run(http, live, session_id=run["session_id"], mode=mode)
         assert again.status_code == 202, again.text
         assert (await read_run(watcher))[-1][2]["status"] == "completed"
