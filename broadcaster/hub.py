@@ -281,10 +281,15 @@ class Hub:
         if entry is None or not isinstance(recovery, _Recovery):
             return
         for publication, message in recovery.held or ():
-            if _is_new(publication.position, after):
-                after = publication.position
-                if publication.exclude_socket_id != conn.socket_id:
-                    conn.send(message)
+            position = publication.position
+            if position is not None:
+                if not _is_new(position, after):
+                    continue  # sent from history already
+                after = position
+            # (A client event or presence notice has no position: it is in no history,
+            # so it was not sent, and it does not move the seam.)
+            if publication.exclude_socket_id != conn.socket_id:
+                conn.send(message)
         entry.subscribers[conn] = None if after is None else _Seam(after)
 
     async def unsubscribe(self, conn: Connection, channel: str) -> bool:
@@ -465,7 +470,10 @@ class Hub:
             if state.held_bytes > self._max_buffer_bytes:
                 self._shed(conn, state)
             return False
-        if not _is_new(publication.position, state.after):
+        position = publication.position
+        if position is None:
+            return True  # a client event or presence notice: in no history; seam kept
+        if not _is_new(position, state.after):
             return False  # already sent from history
         entry.subscribers[conn] = None
         return True

@@ -5,6 +5,7 @@ recording connections; no server, no Redis."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Iterator
 
@@ -104,6 +105,54 @@ async def test_after_a_resume_a_late_copy_of_the_last_history_publication_is_dro
     await tick()
     assert raw.offsets() == [1, 2, 3, 4]
     assert other_raw.offsets() == [2, 3, 4]
+
+
+def client_event(sender: str = "9.9") -> Publication:
+    """A client event (or a presence notice): it has no position and is in no history."""
+    return Publication(APP_ID, CH, "client-x", "{}", sender)
+
+
+def received(raw: object) -> list[object]:
+    """Each channel event's offset, and "c" for each client event, in order."""
+    messages = raw.messages()  # type: ignore[attr-defined]
+    return [json.loads(m["data"])["n"] if m["event"] == "step" else "c" for m in messages]
+
+
+async def test_a_client_event_held_during_a_resume_does_not_undo_the_seam() -> None:
+    """Held: [client event, copy of the last history publication, a newer one]. The
+    client event is sent in its place, but it has no position, so the copy stays
+    dropped (it once reset the seam: the copy went out twice after recovered: true)."""
+    backend = ScriptedBackend(streams={CH: stream(1, 2, 3)})
+    backend.gate["history"] = asyncio.Event()
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH, recovering=True)
+    resume = asyncio.create_task(hub.resume(conn, CH, Position(0, "e1")))
+    await tick()
+    hub.deliver(client_event())
+    hub.deliver(publication(CH, 3))  # also in the history being read
+    hub.deliver(client_event("1.1"))  # its own: never sent back to it
+    hub.deliver(publication(CH, 4))
+    await tick()
+    backend.gate["history"].set()
+    assert await resume == Resumed(True, Position(3, "e1"))
+    await tick()
+    assert received(raw) == [1, 2, 3, "c", 4]
+
+
+async def test_a_client_event_after_a_resume_keeps_the_seam_for_a_late_copy() -> None:
+    """With Redis, the pub/sub copy of the last history publication can come after the
+    resume, and a client event before it: the copy is still dropped."""
+    backend = ScriptedBackend(streams={CH: stream(1, 2)})
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH, recovering=True)
+    assert await hub.resume(conn, CH, Position(0, "e1")) == Resumed(True, Position(2, "e1"))
+    hub.deliver(client_event())
+    hub.deliver(publication(CH, 2))  # the late copy
+    hub.deliver(publication(CH, 3))
+    await tick()
+    assert received(raw) == [1, 2, "c", 3]
 
 
 async def test_a_resume_reads_a_long_history_page_by_page() -> None:
