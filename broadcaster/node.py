@@ -254,7 +254,21 @@ class Node:
         rate = app.subscription_rate_limit
         # A burst for every channel a client subscribes to as it connects, and a second.
         burst = app.max_channels_per_connection + rate
-        if not conn.allow_subscribe(self._now(), rate, burst):
+        allowed = conn.allow_subscribe(self._now(), rate, burst)
+        if channel in conn.channels:
+            # Subscribed already: that subscription stands whatever this request says
+            # (an error about the channel now would contradict the success the client
+            # was told), so it is answered again, within the rate.
+            if not allowed:
+                raise ProtocolError(
+                    ErrorCode.SUBSCRIPTION_RATE_LIMIT,
+                    f"a subscribe to {channel!r}, which this connection has, was ignored: "
+                    f"more than {rate} subscribes a second (subscription_rate_limit)",
+                    close=False,
+                )
+            await self._succeeded(conn, channel, command.member is not None)
+            return
+        if not allowed:
             raise ProtocolError(
                 ErrorCode.SUBSCRIPTION_RATE_LIMIT,
                 f"more than {rate} subscribes a second on this connection (the app's "
@@ -264,9 +278,6 @@ class Node:
             )
         protocol.authorize_subscription(app, conn.socket_id, command)
         _authorize_user_channel(conn, channel)
-        if channel in conn.channels:
-            await self._succeeded(conn, channel, command.member is not None)
-            return
         protocol.check_channel_limit(conn.app, len(conn.channels), channel)
         member = command.member
         try:

@@ -142,6 +142,23 @@ async def test_signin_with_a_forged_signature_closes_with_4009(
     assert await client.closed_with() == 4009
 
 
+async def test_a_second_subscribe_to_a_subscribed_channel_never_contradicts_the_first(
+    live: LiveServer, clients: Connect
+) -> None:
+    """A second subscribe with a wrong auth once got a second subscription_succeeded and
+    then subscription_error 4009, while the channel stayed subscribed: the client was
+    told both. The subscription stands, so the answer is succeeded again."""
+    client = await clients(live.app_url())
+    auth = channel_auth(KEY, SECRET, client.socket_id, "private-d")
+    assert (await client.subscribe("private-d", auth=auth))["event"] == (
+        "pusher_internal:subscription_succeeded"
+    )
+    again = await client.subscribe("private-d", auth="wrong:signature")
+    assert again["event"] == "pusher_internal:subscription_succeeded"
+    await live.node.publish(APP_ID, ["private-d"], "e", "{}")
+    assert (await client.recv())["event"] == "e"  # nothing else came between
+
+
 async def test_a_connection_signs_in_as_one_user(live: LiveServer, clients: Connect) -> None:
     """Signing in again as another user is refused (4009, the connection stays as the
     first user): its #server-to-user subscription would otherwise outlive that user,

@@ -56,6 +56,16 @@ async def test_subscribes_over_the_rate_are_refused_until_the_bucket_refills(
     await asyncio.sleep(1.1)  # two more subscribes' worth
     again = await client.subscribe("c")
     assert again["event"] == "pusher_internal:subscription_succeeded"
+    # Over the rate, a subscribe to a channel it has gets a pusher:error (no channel):
+    # an error about the channel would contradict its subscription, which stands.
+    for _ in range(10):
+        await client.send("pusher:subscribe", {"channel": "c"})
+    answers = await answers_until_pong(client)
+    errors = [a for a in answers if a["event"] == "pusher:error"]
+    assert errors
+    assert {e["data"]["code"] for e in errors} == {4309}
+    assert "which this connection has, was ignored" in errors[0]["data"]["message"]
+    assert not [a for a in answers if a["event"] == "pusher:subscription_error"]
 
 
 async def test_a_presence_member_cannot_flood_the_others_with_joins_and_leaves(
