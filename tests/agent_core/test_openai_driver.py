@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -19,7 +16,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -47,6 +43,7 @@ from agent_core.drivers.openai import (
 from agent_core.errors import ErrorType, ModelError, ModelTimeoutError, RateLimitError
 from agent_core.messages import FinishReason, Message, ToolCall, Usage
 from tests.support.processes import free_port
+from tests.support.threaded import served_in_thread
 
 API_KEY = "sk-test-0123456789"  # a test value, not a credential
 
@@ -130,24 +127,9 @@ async def _body(reply: Reply) -> AsyncIterator[bytes]:
 def api() -> Iterator[FakeChatAPI]:
     """The fake API, served by uvicorn in a background thread for this module."""
     fake = FakeChatAPI()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    fake.port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        fake.app(), lifespan="off", log_config=None, ws="none", timeout_graceful_shutdown=2
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive(), "fake API thread died while starting"
-        assert time.monotonic() < deadline, "fake API did not start within 10s"
-        time.sleep(0.01)
-    yield fake
-    server.should_exit = True
-    thread.join(10)
-    sock.close()
+    with served_in_thread(fake.app(), "fake API") as port:
+        fake.port = port
+        yield fake
 
 
 @pytest.fixture(autouse=True)

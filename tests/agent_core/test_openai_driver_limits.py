@@ -13,9 +13,6 @@ import asyncio
 import contextlib
 import gzip
 import json
-import socket
-import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,7 +20,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -36,6 +32,7 @@ from agent_core.errors import ErrorType, ModelError, ModelTimeoutError, RateLimi
 from agent_core.messages import Message, ToolCall
 from agent_core.state import AgentStatus
 from tests.agent_core.test_openai_driver import chunk, sse, text, tool
+from tests.support.threaded import served_in_thread
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -100,24 +97,9 @@ async def _disconnected(request: Request) -> None:
 def api() -> Iterator[HostileAPI]:
     """The hostile API, served by uvicorn in a background thread for this module."""
     fake = HostileAPI()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    fake.port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        fake.app(), lifespan="off", log_config=None, ws="none", timeout_graceful_shutdown=2
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive(), "hostile API thread died while starting"
-        assert time.monotonic() < deadline, "hostile API did not start within 10s"
-        time.sleep(0.01)
-    yield fake
-    server.should_exit = True
-    thread.join(10)
-    sock.close()
+    with served_in_thread(fake.app(), "hostile API") as port:
+        fake.port = port
+        yield fake
 
 
 @pytest.fixture(autouse=True)
