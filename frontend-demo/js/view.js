@@ -139,10 +139,12 @@ export class DashboardView {
   renderStep(run, step) {
     const card = this.card(step);
     const done = Boolean(step.completed);
-    card.root.dataset.state = done ? "done" : TERMINAL.has(run.status) ? "stopped" : "running";
+    const ended = TERMINAL.has(run.status); // a step not done by then was cut off
+    const state = done ? "done" : ended ? "stopped" : "running";
+    card.root.dataset.state = state;
     const finish = step.completed?.finish_reason;
-    setText(card.finish, done ? finish || "no finish reason" : "running…");
-    card.finish.dataset.reason = done ? finish || "none" : "running";
+    setText(card.finish, done ? finish || "no finish reason" : ended ? "stopped" : "running…");
+    card.finish.dataset.reason = done ? finish || "none" : state;
     show(card.snapshot, step.fromSnapshot);
     const meta = [];
     if (done) {
@@ -155,13 +157,13 @@ export class DashboardView {
     const text = stepText(step);
     show(card.text, Boolean(text));
     setText(card.text, text);
-    card.text.classList.toggle("streaming", Boolean(text) && !step.streamComplete && !done);
-    this.renderTools(card, step);
+    card.text.classList.toggle("streaming", Boolean(text) && !step.streamComplete && state === "running");
+    this.renderTools(card, step, ended);
     renderRouting(card.root, step);
     this.renderContinuation(card, step);
   }
 
-  renderTools(card, step) {
+  renderTools(card, step, ended) {
     show(card.tools, step.tools.size > 0);
     for (const tool of step.tools.values()) {
       let item = card.toolItems.get(tool.id);
@@ -171,11 +173,12 @@ export class DashboardView {
         card.tools.append(item.root);
         card.toolItems.set(tool.id, item);
       }
-      const state = tool.state !== "done" ? (tool.state || "unknown") : tool.success ? "ok" : "error";
+      let state = tool.state !== "done" ? (tool.state || "unknown") : tool.success ? "ok" : "error";
+      if (state === "running" && ended) state = "stopped"; // the run ended before the tool
       item.root.dataset.state = state;
       setText(item.name, tool.name || "tool");
       setText(item.args, tool.argsSummary ? `(${tool.argsSummary})` : "");
-      const label = { ok: "ok", error: "error", running: "running…", unknown: "no events" }[state];
+      const label = { ok: "ok", error: "error", running: "running…", stopped: "stopped", unknown: "no events" }[state];
       setText(item.outcome, label);
       setText(item.duration, tool.durationMs !== undefined ? formatMs(tool.durationMs) : "");
       setText(item.id, tool.id);

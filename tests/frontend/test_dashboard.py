@@ -229,6 +229,10 @@ def test_a_run_stopped_at_its_maximum_duration_is_failed_and_reconciled_truthful
     page.get_by_role("button", name="Start run").click()
     expect(page.get_by_label("Run status")).to_have_text("failed", timeout=WAIT_MS)
     expect(page.locator("#run-error")).to_contain_text("AGENT_DEMO_MAX_RUN_SECONDS")
+    cut = page.locator("#step-1")  # cut off mid-way: stopped, not still running
+    expect(cut).to_have_attribute("data-state", "stopped")
+    expect(cut.locator(".finish")).to_have_text("stopped")
+    expect(cut.locator('li.tool[data-state="running"]')).to_have_count(0)
     reconcile = page.locator("#reconcile")
     if mode == "agent":
         expect(reconcile).to_have_attribute("data-state", "in_sync", timeout=WAIT_MS)
