@@ -382,22 +382,28 @@ async def _follow(host: Host, request: Request) -> Response:
     try:
         since = resume_position(request)
         channel = await session_channel(host.node, host.app, request, session_id)
-        if since is not None:
-            return _stream(host, session_id, channel, since, None, HEADERS, mid_run=True)
         settings = host.node.settings
         async with asyncio.timeout(settings.history_read_timeout):
-            run = await active_run(host.node.backend, host.app.id, channel, settings.history_size)
+            run = await active_run(
+                host.node.backend, host.app.id, channel, settings.history_size, until=since
+            )
     except SessionRefused as exc:
         return json_error(exc.status, str(exc))
     except BackendUnavailable as exc:
         return json_error(503, str(exc))
     except TimeoutError:
         return json_error(503, f"the history of {channel!r} could not be read in time")
+    if run is None and since is not None:  # no run going at ``since``: the next one
+        return _stream(host, session_id, channel, since, None, HEADERS, mid_run=True)
     if run is None:
         return Response(status_code=204)  # DefaultChatTransport: "no active stream"
     if run.start is None:
         return _lost_start(session_id, channel, run.execution_id)
-    return _stream(host, session_id, channel, run.start, run.execution_id, HEADERS)
+    # The run from its start; after ``since`` only what follows it, as the whole stream
+    # would go on (no second ``start``, parts opened before it continued, not reopened).
+    return _stream(
+        host, session_id, channel, run.start, run.execution_id, HEADERS, skip_through=since
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,10 +415,13 @@ class ActiveRun:
     start: Position | None
 
 
-async def active_run(backend: Backend, app_id: str, channel: str, reach: int) -> ActiveRun | None:
-    """The run in progress on ``channel``, read from its history backwards page by page
-    (at most ``reach`` publications): the last ``agent.status`` decides. None when it is
-    final, or when the channel has no agent envelopes at all.
+async def active_run(
+    backend: Backend, app_id: str, channel: str, reach: int, until: Position | None = None
+) -> ActiveRun | None:
+    """The run in progress on ``channel`` (as of ``until``, when given), read from its
+    history backwards page by page (at most ``reach`` publications): the last
+    ``agent.status`` decides. None when it is final, or when the channel has no agent
+    envelopes at all (or ``until`` is of another epoch: its stream will say so).
 
     Raises:
         BackendUnavailable: the history cannot be read now.
@@ -420,6 +429,10 @@ async def active_run(backend: Backend, app_id: str, channel: str, reach: int) ->
     latest = await backend.latest(app_id, channel)
     if latest is None:
         return None
+    if until is not None:
+        if until.epoch != latest.epoch:
+            return None
+        latest = Position(min(until.offset, latest.offset), latest.epoch)
     top, lowest, newest = latest.offset, max(0, latest.offset - reach), None
     while top > lowest:
         low = max(lowest, top - _SCAN_PAGE)
@@ -473,9 +486,11 @@ def _stream(
     headers: dict[str, str],
     *,
     mid_run: bool = False,
+    skip_through: Position | None = None,
 ) -> Response:
     """The run from ``since`` on: ``execution_id``'s, or (None) the first run whose
-    ``in_progress`` comes, or with ``mid_run`` the run of the first envelope that comes."""
+    ``in_progress`` comes, or with ``mid_run`` the run of the first envelope that comes;
+    the chunks of envelopes up to ``skip_through`` are not sent."""
     feed = ChannelFeed(host.node, host.app, channel, since)
 
     async def snapshot(key: str) -> Any:
@@ -484,7 +499,7 @@ def _stream(
 
     info = {"session_id": session_id, "channel": channel}
     heartbeat = host.node.settings.sse_heartbeat
-    body = _chunks(feed, info, execution_id, snapshot, heartbeat, mid_run)
+    body = _chunks(feed, info, execution_id, snapshot, heartbeat, mid_run, skip_through)
     return FeedResponse(feed, body, headers, "the session's events")
 
 
@@ -495,8 +510,10 @@ async def _chunks(
     snapshot: SnapshotLoader,
     heartbeat: float,
     mid_run: bool = False,
+    skip_through: Position | None = None,
 ) -> AsyncIterator[bytes]:
     mapper: UIMessageStreamMapper | None = None
+    skipping = skip_through is not None
     if execution_id is not None:
         mapper = UIMessageStreamMapper(execution_id, {**info, "execution_id": execution_id})
     while mapper is None or not mapper.done:
@@ -522,10 +539,24 @@ async def _chunks(
                     continue  # following: wait for the next run's start
                 run = envelope.execution_id
                 mapper = UIMessageStreamMapper(run, {**info, "execution_id": run})
-            out += await _translate(envelope, mapper, snapshot, feed.channel)
+            chunks = await _translate(envelope, mapper, snapshot, feed.channel)
+            if skipping:  # read to know the message so far, not sent again
+                assert skip_through is not None
+                skipping = not _after(item.position, skip_through)
+                if skipping:
+                    continue
+            out += chunks
         if out:
             yield _encode(out)
     yield DONE
+
+
+def _after(position: str | None, mark: Position) -> bool:
+    """Whether a publication at ``position`` (as a feed gives it) comes after ``mark``."""
+    if position is None:
+        return False
+    at = Position.parse(position)
+    return at.epoch != mark.epoch or at.offset > mark.offset
 
 
 def _run_start(envelope: env.Envelope) -> bool:

@@ -230,9 +230,39 @@ async def test_reconnecting_mid_run_replays_the_whole_run_and_since_starts_after
     # Nothing missing at the start, nothing twice at the seam of history and live.
     assert whole == translate(execution, metadata, envelopes, state)
     assert whole[-1] == {"type": "finish", "finishReason": "stop"}
-    # since=: exactly the publications after that position.
-    assert after == translate(execution, metadata, envelopes[4:], state)
-    assert by_header == translate(execution, metadata, envelopes[5:], state)
+    # since=: the chunks of the publications after that position, exactly as the whole
+    # stream goes on there (no second "start"; parts opened before it are continued).
+    assert after == whole[len(translate(execution, metadata, envelopes[:4], state)) :]
+    assert by_header == whole[len(translate(execution, metadata, envelopes[:5], state)) :]
+    assert after[0]["type"] != "start"
+
+
+async def test_since_any_position_of_a_run_gives_the_rest_of_its_whole_stream(
+    start_server: StartServer, clients: Callable[..., Awaitable[Client]]
+) -> None:
+    """At every position of a finished run, ?since= gives exactly what the whole stream
+    sends after that position's chunks. It once started a new message there: a second
+    "start", text parts reopened under used ids, and a tool's output with its input
+    left out (readUIMessageStream: "No tool invocation found")."""
+    live = await start_server(demo=True)
+    run = await start_run(live.url, trace=True)
+    watcher = await clients(live.app_url())
+    await subscribe(watcher, run["channel"], run["position"])
+    seen = await read_positioned(watcher)
+    envelopes = [e for _, e in seen]
+    url = f"/vercel-ai/{run['session_id']}/stream"
+    async with httpx.AsyncClient(base_url=live.url, timeout=20) as http:
+        whole = await read_stream(http, f"{url}?since={run['position']}")
+        suffixes = [await read_stream(http, f"{url}?since={p}") for p, _ in seen[:-1]]
+    execution = envelopes[0]["execution_id"]
+    metadata = whole[0]["messageMetadata"]
+    state = next(c["data"] for c in whole if c["type"] == "data-state")
+    assert whole == translate(execution, metadata, envelopes, state)
+    types = [e["type"] for e in envelopes]
+    assert types.index("agent.tool.started") < types.index("agent.tool.completed")
+    for i, suffix in enumerate(suffixes):
+        done = len(translate(execution, metadata, envelopes[: i + 1], state))
+        assert suffix == whole[done:], f"since the envelope #{i} ({types[i]})"
 
 
 async def test_a_run_whose_start_left_the_history_ends_with_an_error_not_a_partial_message(
