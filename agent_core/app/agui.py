@@ -430,16 +430,18 @@ async def _events(
 
     while not mapper.done:
         items = await feed.receive(heartbeat)
-        if feed.ended is not None:
-            yield encode(mapper.error(f"the stream fell behind the run: {feed.ended}"))
-            return
-        if not items:
+        if not items and feed.ended is None:
             yield HEARTBEAT
             continue
+        # What came before the feed ended is sent first (it may hold the run's end).
         events: list[BaseEvent] = []
         for item in items:
             events += await _translate(item, mapper, execution_id, snapshot)
-        yield encode(events)
+        if events:
+            yield encode(events)
+        if feed.ended is not None and not mapper.done:
+            yield encode(mapper.error(f"the stream fell behind the run: {feed.ended}"))
+            return
 
 
 async def _translate(

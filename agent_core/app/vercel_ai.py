@@ -518,13 +518,10 @@ async def _chunks(
         mapper = UIMessageStreamMapper(execution_id, {**info, "execution_id": execution_id})
     while mapper is None or not mapper.done:
         items = await feed.receive(heartbeat)
-        if feed.ended is not None:
-            mapper = mapper or UIMessageStreamMapper(uuid.uuid4().hex, info)
-            yield _encode(mapper.error(f"the stream fell behind the run: {feed.ended}"))
-            break
-        if not items:
+        if not items and feed.ended is None:
             yield HEARTBEAT
             continue
+        # What came before the feed ended is sent first (it may hold the run's end).
         out: list[Chunk] = []
         for item in items:
             if item.event == "broadcaster:resume" and not orjson.loads(item.data).get("recovered"):
@@ -548,6 +545,10 @@ async def _chunks(
             out += chunks
         if out:
             yield _encode(out)
+        if feed.ended is not None and not (mapper is not None and mapper.done):
+            mapper = mapper or UIMessageStreamMapper(uuid.uuid4().hex, info)
+            yield _encode(mapper.error(f"the stream fell behind the run: {feed.ended}"))
+            break
     yield DONE
 
 
