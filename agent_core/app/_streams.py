@@ -5,7 +5,9 @@ opens its channel feed before answering."""
 from __future__ import annotations
 
 import ipaddress
+import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from redis.exceptions import RedisError
@@ -14,13 +16,29 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from agent_core.app.runs import RunHandle, RunRefused, RunRequest, SessionBusy
-from broadcaster.backends.base import BackendUnavailable
+from broadcaster import envelope as env
+from broadcaster.backends.base import Backend, BackendUnavailable
 from broadcaster.node import Node
+from broadcaster.publication import Position
 from broadcaster.sessions import bearer_token, private_session_exists, token_grants
 from broadcaster.settings import AppConfig
 from broadcaster.sse import ChannelFeed, stream_feed
 
-__all__ = ["FeedResponse", "RunHost", "client_address", "json_error", "start_run"]
+__all__ = [
+    "FeedResponse",
+    "LastRun",
+    "RunHost",
+    "client_address",
+    "envelope_of",
+    "json_error",
+    "last_run",
+    "start_run",
+]
+
+logger = logging.getLogger(__name__)
+
+_SCAN_PAGE = 100  # publications per history read when looking for the last run
+_FINAL = ("completed", "failed")
 
 
 class _Runs(Protocol):
@@ -136,3 +154,65 @@ class FeedResponse(Response):
             self.body_iterator, 200, self.stream_headers, "text/event-stream"
         )
         await stream_feed(self.feed, response, scope, receive, send)
+
+
+@dataclass(frozen=True, slots=True)
+class LastRun:
+    """A session's last run as its channel history tells: its execution id, whether it
+    is still going, and (going) the position just before its ``in_progress`` status,
+    None when the history no longer reaches back to it."""
+
+    execution_id: str
+    going: bool
+    start: Position | None = None
+
+
+async def last_run(
+    backend: Backend, app_id: str, channel: str, reach: int, until: Position | None = None
+) -> LastRun | None:
+    """The last run on ``channel`` (as of ``until``, when given), read from its history
+    backwards page by page (at most ``reach`` publications): the last ``agent.status``
+    decides. None when the channel has no agent envelopes at all (or ``until`` is of
+    another epoch: its stream will say so).
+
+    Raises:
+        BackendUnavailable: the history cannot be read now.
+    """
+    latest = await backend.latest(app_id, channel)
+    if latest is None:
+        return None
+    if until is not None:
+        if until.epoch != latest.epoch:
+            return None
+        latest = Position(min(until.offset, latest.offset), latest.epoch)
+    top, lowest, newest = latest.offset, max(0, latest.offset - reach), None
+    while top > lowest:
+        low = max(lowest, top - _SCAN_PAGE)
+        page = await backend.history(app_id, channel, Position(low, latest.epoch), top - low)
+        if not page.recovered:
+            break
+        for publication in reversed(page.publications):
+            envelope = envelope_of(publication.event, publication.data)
+            if envelope is None:
+                continue
+            newest = newest or envelope.execution_id
+            if not isinstance(envelope, env.AgentStatus) or envelope.payload.status == "pending":
+                continue
+            if envelope.payload.status in _FINAL:
+                return LastRun(envelope.execution_id, going=False)
+            at = publication.position or latest
+            return LastRun(envelope.execution_id, True, Position(at.offset - 1, at.epoch))
+        top = low
+    return None if newest is None else LastRun(newest, True)
+
+
+def envelope_of(event: str, data: str) -> env.Envelope | None:
+    """The envelope a channel message carries; None for another kind of message (logged
+    when it is named like one of ours)."""
+    if not event.startswith("agent."):
+        return None
+    try:
+        return env.parse_envelope(data)
+    except ValueError as exc:  # not ours: published on the channel by someone else
+        logger.warning("skipping %s: not an envelope: %s", event, exc)
+        return None

@@ -53,6 +53,7 @@ connection, which counts against the server's per-address limit
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
@@ -86,16 +87,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent_core.app._streams import FeedResponse, RunHost, json_error, start_run
+from agent_core.app._streams import FeedResponse, RunHost, json_error, last_run, start_run
 from agent_core.app.runs import RunHandle, RunRequest
 from broadcaster import envelope as env
 from broadcaster.backends.base import BackendUnavailable
 from broadcaster.http_input import BodyRefused, describe_validation, read_body, validation_details
 from broadcaster.publication import Position
 from broadcaster.publishers import state_key
-from broadcaster.sessions import (
-    session_token,
-)
+from broadcaster.sessions import SessionRefused, session_channel, session_token
 from broadcaster.sse import HEARTBEAT, ChannelFeed, FeedItem
 
 __all__ = ["AGUI_PATH", "CONTINUATION_EVENT", "AguiMapper", "InvalidInput", "routes", "run_request"]
@@ -384,6 +383,9 @@ async def _run(host: Host, request: Request) -> Response:
         return json_error(422, message, details=validation_details(exc))
     except InvalidInput as exc:
         return json_error(422, f"invalid RunAgentInput: {exc}")
+    retried = await _retried(host, request, agent_input.thread_id, agent_input.run_id)
+    if retried is not None:
+        return retried
     started = await start_run(host, request, agent_input.thread_id, wanted, "thread")
     if isinstance(started, Response):
         return started
@@ -391,7 +393,33 @@ async def _run(host: Host, request: Request) -> Response:
     return _stream(host, agent_input.run_id, handle)
 
 
-def _stream(host: Host, run_id: str, handle: RunHandle) -> Response:
+async def _retried(host: Host, request: Request, thread_id: str, run_id: str) -> Response | None:
+    """The answer to a POST whose ``runId`` is its thread's last run (a client retrying
+    after its stream dropped), or None for a new run. While that run goes, it is
+    followed from its start (out of the channel history, then live) rather than refused
+    as busy; once it has ended, 409: a second run under the same id would run the agent
+    again and put two executions with one id on the channel."""
+    settings = host.node.settings
+    try:
+        channel = await session_channel(host.node, host.app, request, thread_id)
+        async with asyncio.timeout(settings.history_read_timeout):
+            last = await last_run(host.node.backend, host.app.id, channel, settings.history_size)
+    except (SessionRefused, BackendUnavailable, TimeoutError):
+        return None  # starting the run answers these as it always has
+    if last is None or last.execution_id != run_id:
+        return None
+    if not last.going or last.start is None:
+        why = "has ended" if not last.going else "started before the channel history reaches"
+        return json_error(
+            409,
+            f"run {run_id!r} of thread {thread_id!r} {why}: a new run needs a new runId "
+            f"(its events are on channel {channel!r})",
+        )
+    handle = RunHandle(thread_id, run_id, channel, str(last.start))
+    return _stream(host, run_id, handle, hand_token=False)
+
+
+def _stream(host: Host, run_id: str, handle: RunHandle, *, hand_token: bool = True) -> Response:
     since = None if handle.position is None else Position.parse(handle.position)
     info: dict[str, Any] = {
         "session_id": handle.session_id,
@@ -400,7 +428,9 @@ def _stream(host: Host, run_id: str, handle: RunHandle) -> Response:
         "position": handle.position,
     }
     headers = dict(_HEADERS)
-    if host.settings.private_sessions:
+    # Only the request that started the run gets the session's token: a follower holds
+    # at most what reads the channel, and that must not become the owner's token.
+    if hand_token and host.settings.private_sessions:
         info["session_token"] = headers["X-Session-Token"] = session_token(
             host.app, handle.session_id
         )

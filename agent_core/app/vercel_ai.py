@@ -60,7 +60,6 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Literal, Protocol, assert_never
 
 import orjson
@@ -69,10 +68,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent_core.app._streams import FeedResponse, RunHost, json_error, start_run
+from agent_core.app._streams import (
+    FeedResponse,
+    RunHost,
+    envelope_of,
+    json_error,
+    last_run,
+    start_run,
+)
 from agent_core.app.runs import RunRequest
 from broadcaster import envelope as env
-from broadcaster.backends.base import Backend, BackendUnavailable
+from broadcaster.backends.base import BackendUnavailable
 from broadcaster.http_input import BodyRefused, describe_validation, read_body, validation_details
 from broadcaster.publication import Position
 from broadcaster.publishers import state_key
@@ -87,10 +93,8 @@ __all__ = [
     "DONE",
     "HEADERS",
     "VERCEL_AI_PATH",
-    "ActiveRun",
     "ChatRequest",
     "UIMessageStreamMapper",
-    "active_run",
     "encode_chunk",
     "routes",
 ]
@@ -112,7 +116,6 @@ _FINISH_REASONS = {
     "content_filter": "content-filter",
     "error": "error",
 }
-_SCAN_PAGE = 100  # publications per history read when looking for the active run
 Chunk = dict[str, Any]
 
 
@@ -384,7 +387,7 @@ async def _follow(host: Host, request: Request) -> Response:
         channel = await session_channel(host.node, host.app, request, session_id)
         settings = host.node.settings
         async with asyncio.timeout(settings.history_read_timeout):
-            run = await active_run(
+            run = await last_run(
                 host.node.backend, host.app.id, channel, settings.history_size, until=since
             )
     except SessionRefused as exc:
@@ -393,6 +396,8 @@ async def _follow(host: Host, request: Request) -> Response:
         return json_error(503, str(exc))
     except TimeoutError:
         return json_error(503, f"the history of {channel!r} could not be read in time")
+    if run is not None and not run.going:
+        run = None
     if run is None and since is not None:  # no run going at ``since``: the next one
         return _stream(host, session_id, channel, since, None, HEADERS, mid_run=True)
     if run is None:
@@ -404,54 +409,6 @@ async def _follow(host: Host, request: Request) -> Response:
     return _stream(
         host, session_id, channel, run.start, run.execution_id, HEADERS, skip_through=since
     )
-
-
-@dataclass(frozen=True, slots=True)
-class ActiveRun:
-    """The run a session is running: its execution id and the position just before its
-    ``in_progress`` status (None when the history no longer reaches back to it)."""
-
-    execution_id: str
-    start: Position | None
-
-
-async def active_run(
-    backend: Backend, app_id: str, channel: str, reach: int, until: Position | None = None
-) -> ActiveRun | None:
-    """The run in progress on ``channel`` (as of ``until``, when given), read from its
-    history backwards page by page (at most ``reach`` publications): the last
-    ``agent.status`` decides. None when it is final, or when the channel has no agent
-    envelopes at all (or ``until`` is of another epoch: its stream will say so).
-
-    Raises:
-        BackendUnavailable: the history cannot be read now.
-    """
-    latest = await backend.latest(app_id, channel)
-    if latest is None:
-        return None
-    if until is not None:
-        if until.epoch != latest.epoch:
-            return None
-        latest = Position(min(until.offset, latest.offset), latest.epoch)
-    top, lowest, newest = latest.offset, max(0, latest.offset - reach), None
-    while top > lowest:
-        low = max(lowest, top - _SCAN_PAGE)
-        page = await backend.history(app_id, channel, Position(low, latest.epoch), top - low)
-        if not page.recovered:
-            break
-        for publication in reversed(page.publications):
-            envelope = _parse(publication.event, publication.data)
-            if envelope is None:
-                continue
-            newest = newest or envelope.execution_id
-            if not isinstance(envelope, env.AgentStatus) or envelope.payload.status == "pending":
-                continue
-            if envelope.payload.status in _FINAL:
-                return None
-            at = publication.position or latest
-            return ActiveRun(envelope.execution_id, Position(at.offset - 1, at.epoch))
-        top = low
-    return None if newest is None else ActiveRun(newest, None)
 
 
 def _lost_start(session_id: str, channel: str, execution_id: str) -> Response:
@@ -565,17 +522,7 @@ def _run_start(envelope: env.Envelope) -> bool:
 
 
 def _envelope(item: FeedItem) -> env.Envelope | None:
-    return _parse(item.event, item.data)
-
-
-def _parse(event: str, data: str) -> env.Envelope | None:
-    if not event.startswith("agent."):
-        return None
-    try:
-        return env.parse_envelope(data)
-    except ValueError as exc:  # not ours: published on the channel by someone else
-        logger.warning("skipping %s: not an envelope: %s", event, exc)
-        return None
+    return envelope_of(item.event, item.data)
 
 
 async def _translate(

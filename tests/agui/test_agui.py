@@ -169,6 +169,42 @@ async def test_a_busy_thread_is_refused_with_409(demo: LiveServer) -> None:
     assert "already has a run in progress" in again.json()["error"]
 
 
+async def test_a_retry_of_a_run_in_progress_follows_it_and_of_an_ended_one_is_refused(
+    demo: LiveServer, clients: Connect
+) -> None:
+    """A client whose stream dropped POSTs the same input again (same runId): while the
+    run goes it gets that run from its start, not 409 busy; once it ended, 409, not a
+    second run of the agent under the same id (tools run twice, one id for two runs)."""
+    body = agent_input(forwardedProps={"pace_ms": 30})
+    watcher = await clients(demo.app_url())
+    await subscribe(watcher, f"agent.{body['threadId']}", None)
+    async with (
+        httpx.AsyncClient(timeout=20) as http,
+        http.stream("POST", f"{demo.url}/ag-ui", json=body) as dropped,
+    ):
+        lines = dropped.aiter_lines()
+        while "TEXT_MESSAGE_CONTENT" not in await anext(lines):
+            pass
+    retried, events = await post_run(demo, body)
+    envelopes = await read_run(watcher)
+    assert retried.status_code == 200, retried.text
+    assert "x-session-token" not in retried.headers
+    assert kinds(events)[0] == "RUN_STARTED"
+    assert kinds(events)[-1] == "RUN_FINISHED"
+    assert events[0].run_id == body["runId"]
+    assert text(events) == "".join(p["chunk"] for _, k, p in envelopes if k == "agent.stream.chunk")
+    statuses = [p["status"] for _, k, p in envelopes if k == "agent.status"]
+    assert statuses == ["in_progress", "completed"]  # one run
+    again = await demo_post(demo, body)
+    assert again.status_code == 409
+    assert f"run {body['runId']!r} of thread {body['threadId']!r} has ended" in again.text
+
+
+async def demo_post(live: LiveServer, body: dict[str, Any]) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=20) as http:
+        return await http.post(f"{live.url}/ag-ui", json=body)
+
+
 async def test_a_client_that_leaves_does_not_stop_the_run(
     demo: LiveServer, clients: Connect
 ) -> None:
