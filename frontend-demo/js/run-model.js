@@ -151,19 +151,12 @@ export function orderedSteps(run) {
 }
 
 /** The assistant's final answer: the last step's streamed text (or last_response). */
-export function finalText(run) {
-  const steps = orderedSteps(run).filter((step) => step.chunks.size > 0);
-  if (steps.length) return stepText(steps[steps.length - 1]);
-  return run.statusPayload?.last_response ?? "";
-}
-
-/**
- * The text a stored state holds as the final answer: that of the last completed step
- * that streamed text (a step cut off mid-stream, as by a run's maximum duration, is
- * in no state), or the status's last response.
- */
-function storedText(run) {
-  const steps = orderedSteps(run).filter((step) => step.completed && step.chunks.size > 0);
+export function finalText(run, { completedOnly = false } = {}) {
+  // completedOnly: the text a stored state holds, as reconcile compares it (a step cut
+  // off mid-stream, as by a run's maximum duration, is in no state).
+  const steps = orderedSteps(run).filter(
+    (step) => step.chunks.size > 0 && (!completedOnly || step.completed),
+  );
   if (steps.length) return stepText(steps[steps.length - 1]);
   return run.statusPayload?.last_response ?? "";
 }
@@ -253,7 +246,7 @@ export function reconcile(run, snapshot) {
     differ("tool call ids", toolIds(mine).join(", ") || "none", theirIds.join(", ") || "none", number);
     differ("finish reason", mine.completed.finish_reason ?? "none", theirs.finish_reason ?? "none", number);
   }
-  differ("final assistant text", storedText(run), lastAssistantText(snapshot));
+  differ("final assistant text", finalText(run, { completedOnly: true }), lastAssistantText(snapshot));
   return differences;
 }
 
