@@ -195,14 +195,9 @@ async def test_a_retry_of_a_run_in_progress_follows_it_and_of_an_ended_one_is_re
     assert text(events) == "".join(p["chunk"] for _, k, p in envelopes if k == "agent.stream.chunk")
     statuses = [p["status"] for _, k, p in envelopes if k == "agent.status"]
     assert statuses == ["in_progress", "completed"]  # one run
-    again = await demo_post(demo, body)
+    again, _ = await post_run(demo, body)
     assert again.status_code == 409
     assert f"run {body['runId']!r} of thread {body['threadId']!r} has ended" in again.text
-
-
-async def demo_post(live: LiveServer, body: dict[str, Any]) -> httpx.Response:
-    async with httpx.AsyncClient(timeout=20) as http:
-        return await http.post(f"{live.url}/ag-ui", json=body)
 
 
 async def test_a_client_that_leaves_does_not_stop_the_run(
