@@ -414,7 +414,7 @@ class Hub:
                 entry.doubt = False  # the same store's epoch goes on
         elif last is not None:  # a new epoch
             if entry.doubt:
-                self._lost(key, entry, _doubt(last, position.epoch))
+                self._lost(key, entry, _doubt(last, f"epoch {position.epoch} began"))
                 return False
             if position.offset > 1:  # its start missed
                 gap = Position(0, position.epoch)
@@ -584,16 +584,20 @@ class Hub:
         if result.recovered:
             entry.doubt = False  # the store's history goes on from ``since``
             return since, result.publications
-        if latest is None:
-            return since, ()  # nothing stored (Redis restarted empty): nothing to read
+        if latest is None or (latest.epoch == since.epoch and latest.offset <= since.offset):
+            # Nothing stored (Redis restarted empty), or the store went back (a failover
+            # lost its last publications): nothing after ``since`` to read. After a
+            # break the store cannot show whether it took more that never reached this
+            # node (see ``Backend.breaks``): tell the subscribers now, not at the next
+            # publication, which may never come.
+            if entry.doubt:
+                found = "its store is empty" if latest is None else f"its store ends at {latest}"
+                raise _Unfillable(_doubt(since, found))
+            return since, ()  # the next publication starts a new epoch
         if latest.epoch == since.epoch:
-            if latest.offset <= since.offset:
-                # The store holds nothing after ``since``: it went back (a failover lost
-                # its last publications; the next publication starts a new epoch).
-                return since, ()
             raise _Unfillable(f"publications after {since} are missing from the history")
         if entry.doubt:
-            raise _Unfillable(_doubt(since, latest.epoch))
+            raise _Unfillable(_doubt(since, f"epoch {latest.epoch} began"))
         since = Position(0, latest.epoch)  # the epoch changed: its start
         result = await self._read_retrying(key, entry, since)
         if not result.recovered:
@@ -664,11 +668,11 @@ class Hub:
 _MISSING = _Recovery()
 
 
-def _doubt(last: Position, epoch: str) -> str:
+def _doubt(last: Position, found: str) -> str:
     return (
-        f"epoch {epoch} began after the node stopped reading the primary it had (it "
-        f"followed a failover, or the primary stopped answering): publications after "
-        f"{last} may have gone there unseen"
+        f"{found} after the node stopped reading the primary it had (it died, the node "
+        f"followed a failover, or it stopped answering): publications after {last} may "
+        f"have been accepted there unseen"
     )
 
 

@@ -144,11 +144,13 @@ class Broker(Protocol):
 
     @property
     def breaks(self) -> int:
-        """How many times the backend stopped listening to a store that may still take
-        publications: it followed a failover to a new primary, or gave up on a server
-        that stopped answering. What was published there afterwards never reaches this
-        node, so the hub cannot prove that a channel's epoch ended where it stopped
-        reading (0 for a backend that cannot break)."""
+        """How many times the backend stopped listening to a store that may have taken
+        publications this node did not read: it followed a failover to a new primary,
+        gave up on a server that stopped answering, or lost its connection (a server
+        that dies may have acknowledged a publication to its publisher and not yet
+        written it to this node's connection). The hub cannot prove that a channel's
+        epoch ended where this node stopped reading, until the same store's history
+        shows it (0 for a backend that cannot break)."""
         ...
 
     async def start(

@@ -1527,6 +1527,10 @@ class RedisBackend:
 
     async def _lost(self, exc: BaseException) -> None:
         self._ready = False
+        # Redis writes a publication's acknowledgement and its pub/sub copies to each
+        # connection separately: one that died may have acknowledged a publication this
+        # node never got. Same store again: its history shows it; another: unprovable.
+        self.breaks += 1
         log.warning("lost the connection to Redis at %s (%s); reconnecting", self.url, exc)
         await self._drop_pubsub()
         for waiters in self._waiters.values():

@@ -443,6 +443,7 @@ class RedisClusterBackend(RedisBackend):
         opening = self._opening[address] = asyncio.get_running_loop().create_future()
         try:
             if shard is not None:  # lost, its loss not handled yet: the resync follows it
+                self.breaks += 1  # it may have acknowledged what it never sent here
                 self._moved |= shard.channels
                 self._trouble.set()
                 await self._close_shard(shard)
@@ -517,6 +518,7 @@ class RedisClusterBackend(RedisBackend):
         assert reader is not None
         exc = await reader.lost
         log.warning("lost the shard at %s:%d (%s); resyncing", *shard.address, exc)
+        self.breaks += 1  # it may have acknowledged a publication it never sent here
         if self._shards.get(shard.address) is shard:
             del self._shards[shard.address]
         self._moved |= shard.channels

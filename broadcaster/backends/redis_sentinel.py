@@ -206,8 +206,7 @@ class RedisSentinelBackend(RedisBackend):
         reader = self._reader
         if reader is not None and not reader.lost.done():
             # Still reading the old primary, which may take other nodes' publications
-            # until Sentinel demotes it. (Not after it died: what it published before
-            # it closed the connection was read.)
+            # until Sentinel demotes it. (After it died, the loss counted the break.)
             self.breaks += 1
         await self._drop_publisher()
         await self._drop_pubsub()  # the node reconnects, asking Sentinel for the primary

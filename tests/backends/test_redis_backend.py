@@ -70,6 +70,9 @@ async def test_losing_redis_makes_the_node_not_ready_and_publish_fail(
     redis.kill()
 
     await eventually(lambda: not node.backend.ready, "the node to notice the loss")
+    # A Redis that died may have acknowledged a publication to its publisher without
+    # writing it to this node's connection: the hub must not take the epoch as whole.
+    assert node.backend.breaks == 1
     with pytest.raises(BackendUnavailable, match="unreachable; the node is reconnecting"):
         await node.backend.publish(pub())
     with pytest.raises(BackendUnavailable):
@@ -240,7 +243,7 @@ async def test_an_unresponsive_redis_is_detected_by_the_heartbeat(
     try:
         await eventually(lambda: not node.backend.ready, "the heartbeat to notice")
         # It stopped reading a server that may still take others' writes: a break.
-        await eventually(lambda: node.backend.breaks == 1, "the pub/sub connection dropped")
+        await eventually(lambda: node.backend.breaks >= 1, "the pub/sub connection dropped")
     finally:
         redis.proc.send_signal(signal.SIGCONT)
 

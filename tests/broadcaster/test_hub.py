@@ -402,6 +402,30 @@ async def test_after_a_break_the_same_epoch_going_on_is_no_doubt() -> None:
     assert raw.closed_with is None
 
 
+@pytest.mark.parametrize("kept", [(1, 2, 3), ()], ids=["went-back", "emptied"])
+async def test_after_the_primary_died_a_store_that_lost_what_was_delivered_closes_at_once(
+    kept: tuple[int, ...],
+) -> None:
+    """The node lost its connection to a primary that died (a break: Redis writes a
+    publication's acknowledgement and its pub/sub copies separately, so the dead primary
+    may have accepted one this node never got). The store it reconnected to lacks what
+    it delivered (a promoted replica that lagged; a restart without persistence), so it
+    cannot show whether more was accepted: the subscribers are closed with 4100 at
+    once, not at the next publication, which may never come."""
+    backend = ScriptedBackend(streams={CH: stream(*kept)})
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH)
+    for n in (1, 2, 3, 4, 5):
+        hub.deliver(publication(CH, n))
+    backend.breaks += 1  # the pub/sub connection was lost
+    hub.check_gaps()  # reconnected: to a promoted replica, or to a restarted Redis
+    await hub.drain_fills()
+    await tick()
+    assert raw.offsets() == [1, 2, 3, 4, 5]
+    assert raw.closed_with == 4100
+
+
 async def test_a_gap_fill_after_a_break_that_finds_a_new_epoch_closes_with_4100() -> None:
     """The reconnection's fill reads the new primary: a new epoch there, after a break,
     is the same doubt as a live one."""

@@ -9,8 +9,15 @@ Used by ``test_redis_failover.py`` (one trial per topology, asserting) and by
 
 What a trial checks (``Trial.silent_gaps`` lists every violation):
 
-* the live clients stay connected and get every accepted publication exactly once and
-  in order (a retried one may repeat: at-least-once for retries);
+* each live client either stays connected and gets every accepted publication exactly
+  once and in order (a retried one may repeat: at-least-once for retries), or is closed
+  with 4100 and resumes from its last position (as pusher-js does): what it got before
+  is in order, and its resume is ``recovered: true`` with everything, or
+  ``recovered: false`` (told: it reloads its state) and it reads on in order. A primary
+  that dies may have acknowledged a publication it never wrote to a node's pub/sub
+  connection (Redis writes the two separately), so a node that lost its primary cannot
+  vouch for the end of the old epoch: once it sees that the store changed, it closes
+  the channel's clients;
 * a client that left just before the kill and resumes after the failover gets every
   accepted publication it missed (``recovered: true``), or is told ``recovered: false``;
   never ``recovered: true`` with a publication missing.
@@ -51,6 +58,7 @@ from tests.reliability.helpers import (
     becomes,
     deduplicated,
     eventually,
+    silent_gaps,
 )
 from tests.support.live import APP_ID, Client
 from tests.support.processes import ServerProcess, _wait
@@ -183,6 +191,8 @@ class Trial:
     outage_s: float = 0.0  # kill -> both nodes' /ready 200 again
     receive_again_s: float = 0.0  # kill -> a publication sent after it reached every live client
     live_clients: int = 0
+    closed_with_4100: int = 0  # live clients closed to resume (the store changed)
+    closed_resumed_recovered: int = 0  # ... whose resume was answered recovered: true
     silent_gaps: list[str] = field(default_factory=list)
 
 
@@ -191,12 +201,13 @@ async def failover_trial(
 ) -> Trial:
     """Run one failover (see the module's docstring); the caller heals the topology."""
     trial = Trial(name, cut)
-    live: list[Reader] = []
+    live: list[tuple[ServerProcess, Reader]] = []
     for node in nodes:
         for _ in range(2):
-            live.append(Reader(await _subscribed(node, channel)).start())
+            live.append((node, Reader(await _subscribed(node, channel)).start()))
     leaver = Reader(await _subscribed(nodes[0], channel)).start()
     back: Reader | None = None
+    resumed: dict[int, Reader] = {}  # live client -> its resume after a 4100
     stop = False
     publisher = Publisher([n.url for n in nodes], channel)
     pub_task = asyncio.create_task(publisher.run(lambda: stop))
@@ -225,6 +236,17 @@ async def failover_trial(
         trial.outage_s = round(time.monotonic() - killed_at, 2)
         mark = len(publisher.accepted)
         await eventually(lambda: len(publisher.accepted) >= mark + 20, "publishing to resume")
+
+        # The dead primary may have acknowledged a publication it never wrote to a node
+        # (see Backend.breaks): its nodes close the channel's clients with 4100 once they
+        # see that the store changed. A client closed so resumes, as pusher-js would.
+        def settled(reader: Reader) -> bool:
+            return reader.ended is not None or bool(reader.seqs and reader.seqs[-1] >= mark)
+
+        await eventually(lambda: all(settled(r) for _, r in live), "each live client to settle")
+        for i, (node, reader) in enumerate(live):
+            if reader.ended is not None and reader.positions:
+                resumed[i] = Reader(await _subscribed(node, channel, reader.positions[-1])).start()
         back = Reader(await _subscribed(nodes[1], channel, leaver.positions[-1])).start()
         await eventually(lambda: back is not None and back.resumes, "the resume's answer")
         await eventually(lambda: len(publisher.accepted) >= mark + 60, "more publications")
@@ -235,22 +257,26 @@ async def failover_trial(
     assert back is not None
     accepted = publisher.accepted
     last = accepted[-1]
+    current = [resumed.get(i, reader) for i, (_, reader) in enumerate(live)]
     with contextlib.suppress(AssertionError):  # a reader short of it is a gap, below
-        await eventually(lambda: all(r.seqs and r.seqs[-1] >= last for r in [*live, back]), "")
+        await eventually(lambda: all(r.seqs and r.seqs[-1] >= last for r in [*current, back]), "")
     trial.accepted = len(accepted)
     trial.refused_attempts = publisher.refused
     trial.live_clients = len(live)
+    trial.closed_with_4100 = len(resumed)
+    trial.closed_resumed_recovered = sum(
+        1 for r in resumed.values() if r.resumes and r.resumes[0]["recovered"]
+    )
     gaps = trial.silent_gaps
     for node in nodes:
         if not alive(node):
             gaps.append(f"node {node.url} exited")
-    for i, reader in enumerate(live):
-        got = deduplicated(reader.seqs, publisher.retried)
-        if reader.ended is not None:
-            gaps.append(f"live client {i} was disconnected: {reader.ended}")
-        if got != accepted:
-            missing = sorted(set(accepted) - set(got))
-            gaps.append(f"live client {i}: missing {missing[:10]}, got {len(got)}/{len(accepted)}")
+    for i, (_, reader) in enumerate(live):
+        again = resumed.get(i)
+        found = silent_gaps(reader, again, accepted, publisher.retried)
+        gaps += [f"live client {i}: {gap}" for gap in found]
+        if again is not None and again.ended is not None:
+            gaps.append(f"live client {i} was closed again after its resume: {again.ended}")
 
     answer = back.resumes[0]
     trial.resumed_recovered = bool(answer["recovered"])
@@ -267,10 +293,10 @@ async def failover_trial(
     trial.lost_by_replication = sum(1 for seq in before if seq not in kept)
 
     after_kill = [t > killed_at for t in publisher.sent_at]
-    firsts = [_first_after(r, after_kill) for r in live]
+    firsts = [_first_after(r, after_kill) for r in current]
     if all(t is not None for t in firsts):
         trial.receive_again_s = round(max(t for t in firsts if t is not None) - killed_at, 2)
-    for reader in [*live, back]:
+    for reader in [*(r for _, r in live), *resumed.values(), back]:
         await reader.stop()
     return trial
 
@@ -345,6 +371,9 @@ def summary(trials: Sequence[Trial]) -> dict[str, Any]:
         "lost_by_replication": sum(t.lost_by_replication for t in trials),
         "trials_with_loss": sum(1 for t in trials if t.lost_by_replication),
         "resumes_not_recovered": sum(1 for t in trials if t.resumed_recovered is False),
+        "live_clients": sum(t.live_clients for t in trials),
+        "closed_with_4100": sum(t.closed_with_4100 for t in trials),
+        "closed_resumed_recovered": sum(t.closed_resumed_recovered for t in trials),
         "silent_gaps": sum(len(t.silent_gaps) for t in trials),
         "outage_s": {"median": statistics.median(outages), "max": max(outages)},
         "receive_again_s": {"median": statistics.median(again), "max": max(again)},

@@ -229,6 +229,42 @@ def deduplicated(seqs: list[int], retried: set[int]) -> list[int]:
     return out
 
 
+def silent_gaps(
+    reader: Reader, again: Reader | None, accepted: list[int], retried: set[int]
+) -> list[str]:
+    """What a live client missed without being told. Not resumed (``again`` None): it
+    stayed connected and got every accepted publication. Closed with 4100 and resumed
+    from its last position (as pusher-js does): in order up to the close; then either
+    ``recovered: true`` and everything across both, or ``recovered: false`` (told: it
+    reloads its state) and in order from where it reads on."""
+    got = deduplicated(reader.seqs, retried)
+    if again is None:
+        if reader.ended is not None:
+            return [f"disconnected: {reader.ended}"]
+        if got != accepted:
+            missing = sorted(set(accepted) - set(got))
+            return [f"missing {missing[:10]}, got {len(got)}/{len(accepted)}"]
+        return []
+    gaps = []
+    if reader.ended is None or "4100" not in reader.ended:
+        gaps.append(f"resumed, but not closed with 4100: {reader.ended}")
+    if got != accepted[: len(got)]:
+        missing = sorted(set(accepted[: len(got)]) - set(got))
+        gaps.append(f"missing {missing[:10]} before it was closed")
+    if not again.resumes:
+        return [*gaps, "no answer to its resume"]
+    if again.resumes[0]["recovered"]:
+        seen = deduplicated(reader.seqs + again.seqs, retried)
+        if seen != accepted:
+            missing = sorted(set(accepted) - set(seen))
+            gaps.append(f"resume said recovered: true but missed {missing[:10]}")
+    else:
+        tail = deduplicated(again.seqs, retried)
+        if not tail or tail != accepted[accepted.index(tail[0]) :]:
+            gaps.append(f"after recovered: false it did not read on in order: {tail[:5]}")
+    return gaps
+
+
 def alive(node: ServerProcess) -> bool:
     return node.proc is not None and node.proc.poll() is None
 

@@ -1,18 +1,18 @@
 """Failover under two server processes: SIGKILL the Redis Cluster primary that owns the
 channel's slot (its replica is promoted), or the primary Sentinel names, mid-stream.
 
-Both nodes stay up and keep their clients connected, ``/ready`` goes 503 during the
-outage and 200 after, subscriptions come back without client action, and every
-publication a publisher was told was accepted (HTTP 200) reaches every live client, or a
-client resuming across the failover is told ``recovered: false``: never a silent gap
-(see tests/reliability/failover.py for the accounting; ``scripts/failover-trials``
-repeats it for the figures in docs/reliability.md).
+Both nodes stay up, ``/ready`` goes 503 during the outage and 200 after, subscriptions
+come back without client action, and every publication a publisher was told was
+accepted (HTTP 200) reaches every live client, or the client is told: closed with 4100,
+its resume from its position is answered ``recovered: false``. Never a silent gap (see
+tests/reliability/failover.py for the accounting; ``scripts/failover-trials`` repeats
+it for the figures in docs/reliability.md).
 
 The ``cut`` variant makes replication lag for real (the replica frozen and its link cut
-before the kill): the promoted replica lacks acknowledged publications. The live
-clients still get every one (the old primary delivered them before it died, and the
-channel starts a new epoch instead of handing out their offsets again), and a resume
-from before them is answered ``recovered: false``.
+before the kill): the promoted replica lacks acknowledged publications. A publication
+acknowledged in the instant of the kill may then have reached no node at all (Redis had
+written the publisher's answer, not yet the pub/sub copies): before the nodes counted a
+lost primary as a break, 1 trial in 25 had all 4 live clients miss one, untold.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from tests.reliability.failover import (
     _subscribed,
     failover_trial,
 )
-from tests.reliability.helpers import Publisher, Reader, deduplicated, eventually, report
+from tests.reliability.helpers import Publisher, Reader, eventually, report, silent_gaps
 from tests.support.processes import ServerFactory
 from tests.support.topologies import ClusterTopology, SentinelTopology, command
 
@@ -94,6 +94,10 @@ async def test_publications_lost_by_replication_are_no_silent_gap(
         assert trial.live_clients == 4
         assert trial.lost_by_replication > 0  # the cut made replication lag
         assert trial.resumed_recovered is False
+        # The store lost what the nodes delivered: they cannot tell whether the dead
+        # primary acknowledged more, so every live client is told.
+        assert trial.closed_with_4100 == 4
+        assert trial.closed_resumed_recovered == 0
         report(f"redis_failover_{topology}_cut", **asdict(trial))
 
 
@@ -153,17 +157,13 @@ async def test_a_manual_failover_loses_nothing(
         still = [reader for _, reader in live if reader.ended is None]
         readers = still + [back for _, back in resumed]
         await eventually(lambda: all(r.seqs and r.seqs[-1] >= last for r in readers), "delivery")
-        for reader in still:
-            assert deduplicated(reader.seqs, publisher.retried) == accepted
-        for reader, back in resumed:
-            assert back.resumes, "no resume answer"
-            if back.resumes[0]["recovered"]:
-                seen = deduplicated(reader.seqs + back.seqs, publisher.retried)
-                assert seen == accepted, sorted(set(accepted) - set(seen))[:10]
-            else:  # told: it reloads its state, and reads on from there
-                tail = deduplicated(back.seqs, publisher.retried)
-                assert tail, "the resumed client read nothing"
-                assert tail == accepted[accepted.index(tail[0]) :]
+        again_of = {id(reader): back for reader, back in resumed}
+        gaps = [
+            gap
+            for _, reader in live
+            for gap in silent_gaps(reader, again_of.get(id(reader)), accepted, publisher.retried)
+        ]
+        assert gaps == []
         if topology == "cluster":
             assert not resumed, "a coordinated failover disconnected live clients"
         for reader in [*(r for _, r in live), *(b for _, b in resumed)]:

@@ -71,7 +71,11 @@ class ScriptedBackend:
         latest = stream[-1].position if stream else None
         if latest is None:
             return HistoryResult((), since.offset == 0, None)
-        if since.epoch != latest.epoch or since.offset < self.trimmed.get(channel, 0):
+        if (
+            since.epoch != latest.epoch
+            or since.offset < self.trimmed.get(channel, 0)
+            or since.offset > latest.offset  # the store went back (as the Lua script says)
+        ):
             return HistoryResult((), False, latest)
         newer = [p for p in stream if p.position is not None and p.position.offset > since.offset]
         return HistoryResult(tuple(newer[:limit] if limit else newer), True, latest)
