@@ -39,6 +39,7 @@ import contextlib
 import json
 import signal
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -112,7 +113,10 @@ class ClusterFaults:
         victim.start()
 
         def replicating() -> bool:
-            info = command(victim.port, "info", "replication")
+            try:
+                info = command(victim.port, "info", "replication")
+            except subprocess.CalledProcessError:  # not answering yet
+                return False
             return "role:slave" in info and "master_link_status:up" in info
 
         _wait(replicating, 60, "the killed primary to come back as a replica")
@@ -146,13 +150,16 @@ class SentinelFaults:
         service = self.topology.service
 
         def healed() -> bool:
-            info = command(victim.port, "info", "replication")
-            if "role:slave" not in info or "master_link_status:up" not in info:
-                return False
-            for sentinel in self.topology.sentinels:
-                replicas = command(sentinel.port, "sentinel", "replicas", service)
-                if "s_down" in replicas or "o_down" in replicas or "disconnected" in replicas:
+            try:
+                info = command(victim.port, "info", "replication")
+                if "role:slave" not in info or "master_link_status:up" not in info:
                     return False
+                for sentinel in self.topology.sentinels:
+                    replicas = command(sentinel.port, "sentinel", "replicas", service)
+                    if any(s in replicas for s in ("s_down", "o_down", "disconnected")):
+                        return False
+            except subprocess.CalledProcessError:  # not answering yet (still starting)
+                return False
             return True
 
         _wait(healed, 60, "the killed primary to come back as a replica")
