@@ -4,6 +4,7 @@ Last-Event-ID resume with no gap and no duplicate, heartbeats, authorization, er
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 from collections.abc import Awaitable, Callable
@@ -183,6 +184,40 @@ async def test_a_stream_opened_while_publishing_misses_nothing_and_repeats_nothi
     await publisher
     assert [e.json["n"] for e in got] == list(range(total))
     assert offsets(got) == list(range(start.offset + 1, start.offset + total + 1))
+
+
+@pytest.mark.redis
+async def test_a_stream_whose_redis_died_ends_and_its_resume_is_told_the_truth(
+    start_server: StartServer, redis_factory: Callable[[], RedisServer]
+) -> None:
+    """A Redis that died may have acknowledged a publication this node never got, and
+    the restarted (empty) one cannot show it: the open stream ends with a comment
+    (EventSource reconnects with Last-Event-ID) and the resume says ``recovered:
+    false``, rather than the stream going on past a possible hole. Nothing is
+    published after the restart: the stream must not wait for a next publication."""
+    redis = redis_factory()
+    live = await start_server(backend=redis.url, redis_prefix="sse-death")
+    url = f"{live.url}/api/channels/agent.death/events"
+    async with sse(url) as reader:
+        await reader.next()  # the stream is open and subscribed
+        for n in (1, 2):
+            await live.node.publish("1", ["agent.death"], "step", json.dumps({"n": n}))
+        seen = [await reader.events() for _ in range(2)]
+        redis.kill()
+        redis.start()
+        rest: list[SseEvent] = []
+        with contextlib.suppress(EOFError, TimeoutError):
+            async with asyncio.timeout(20):  # heartbeats alone never end it
+                while True:
+                    rest.append(await reader.next(within=30))
+    assert [e.json for e in seen] == [{"n": 1}, {"n": 2}]
+    ended = [e.comment for e in rest if e.comment and e.comment.startswith("ended:")]
+    assert ended, rest
+    assert "missed publications" in ended[0]
+    async with sse(url, {"Last-Event-ID": seen[-1].id or ""}) as again:
+        resume = await again.events(within=30)
+    assert resume.event == "broadcaster:resume"
+    assert resume.json["recovered"] is False
 
 
 async def test_idle_streams_get_heartbeat_comments(start_server: StartServer) -> None:
