@@ -110,12 +110,18 @@ class _Channel:
     # ``live`` means the store went back.
     last: Position | None = None
     live: Position | None = None
+    # Before anything was delivered here (``last`` None): the top of the channel's
+    # history that a resume read after the backend subscription was made. What comes
+    # after it reaches this node live, so it is a baseline for gaps and doubts (not for
+    # copies: one at or before it may still be on its way to subscribers that did not
+    # resume).
+    floor: Position | None = None
     # The live publications held while a gap is filled, their size, and whether some
     # were dropped (over max_buffer_bytes; the fill reads them from the history again).
     filling: list[Publication] | None = None
     held_bytes: int = 0
     shed: bool = False
-    # The backend stopped reading the store of ``last`` while that store may still have
+    # The backend stopped reading the store of ``last`` (or ``floor``) while it may have
     # taken publications (a failover it followed): until the same epoch goes on, a new
     # epoch cannot prove that the old one ended at ``last``.
     doubt: bool = False
@@ -216,10 +222,12 @@ class Hub:
         recovery = self._recovery(conn, channel)
         if recovery is None:
             return Resumed(False, None)
+        key = (conn.app.id, channel)
         after, budget = since, self._max_buffer_bytes // 2
         while True:
             drops = recovery.drops
-            page = await self._read_page((conn.app.id, channel), after)
+            page = await self._read_page(key, after)
+            self._note_floor(key, page.position)
             if not page.recovered:
                 self.release(conn, channel)
                 return Resumed(False, page.position)
@@ -236,6 +244,14 @@ class Hub:
                 return Resumed(False, page.position)  # the history ended short of the top
         self.release(conn, channel, after=after)
         return Resumed(True, page.position)
+
+    def _note_floor(self, key: _Key, top: Position | None) -> None:
+        """A history read after the backend subscription found the channel's ``top``:
+        with nothing delivered here yet, it is where live delivery takes over (see
+        ``_Channel.floor``)."""
+        entry = self._channels.get(key)
+        if entry is not None and entry.last is None and top is not None:
+            entry.floor = top
 
     def _recovery(self, conn: Connection, channel: str) -> _Recovery | None:
         entry = self._channels.get((conn.app.id, channel))
@@ -351,7 +367,9 @@ class Hub:
                     last is not None
                     and (position.offset != last.offset + 1 or position.epoch != last.epoch)
                 )
-            ):  # a copy, a gap, a new epoch, a gap being filled or a doubt: the full path
+                or (last is None and entry.floor is not None)
+            ):  # a copy, a gap, a new epoch, a gap being filled, a doubt or the first
+                # publication after a resume: the full path
                 publication = protocol.channel_event_publication(
                     app_id, position, exclude_socket_id, frame
                 )
@@ -401,20 +419,24 @@ class Hub:
         """Whether to deliver ``publication`` now: False for a copy, or when it revealed
         a gap (it is held while the gap is filled)."""
         last, live = entry.last, entry.live
+        base = last if last is not None else entry.floor
         gap = None  # where the missed publications start
-        if last is not None and last.epoch == position.epoch:
-            if position.offset <= last.offset:
-                if live is None or live.epoch != position.epoch or position.offset > live.offset:
+        if base is not None and base.epoch == position.epoch:
+            if position.offset <= base.offset:
+                if last is None:
+                    pass  # on its way when a resume read the history (seams skip it)
+                elif live is None or live.epoch != position.epoch or position.offset > live.offset:
                     entry.live = position
                     return False  # a copy of what the history gave
-                self._went_back(key, entry, live, position)
-            elif position.offset > last.offset + 1:
-                gap = last
+                else:
+                    self._went_back(key, entry, live, position)
+            elif position.offset > base.offset + 1:
+                gap = base
             else:
                 entry.doubt = False  # the same store's epoch goes on
-        elif last is not None:  # a new epoch
+        elif base is not None:  # a new epoch
             if entry.doubt:
-                self._lost(key, entry, _doubt(last, f"epoch {position.epoch} began"))
+                self._lost(key, entry, _doubt(base, f"epoch {position.epoch} began"))
                 return False
             if position.offset > 1:  # its start missed
                 gap = Position(0, position.epoch)
@@ -494,7 +516,7 @@ class Hub:
         every channel with a position in doubt (see ``_Channel.doubt``)."""
         self._breaks = self._backend.breaks
         for entry in self._channels.values():
-            if entry.last is not None:
+            if entry.last is not None or entry.floor is not None:
                 entry.doubt = True
 
     def check_gaps(self) -> None:
@@ -503,8 +525,9 @@ class Hub:
         if self._backend.breaks != self._breaks:
             self._mark_breaks()
         for key, entry in self._channels.items():
-            if entry.last is not None and entry.filling is None:
-                self._fill(key, entry, entry.last, None, None)
+            since = entry.last if entry.last is not None else entry.floor
+            if since is not None and entry.filling is None:
+                self._fill(key, entry, since, None, None)
 
     async def drain_fills(self) -> None:
         """Wait for the gap fills under way (tests, shutdown)."""
@@ -637,7 +660,7 @@ class Hub:
             problem,
             len(entry.subscribers),
         )
-        entry.last = entry.live = None
+        entry.last = entry.live = entry.floor = None
         entry.doubt = False
         for conn in list(entry.subscribers):
             conn.close(ErrorCode.OVER_CAPACITY, "missed publications: reconnect and resume")

@@ -220,6 +220,34 @@ async def test_a_stream_whose_redis_died_ends_and_its_resume_is_told_the_truth(
     assert resume.json["recovered"] is False
 
 
+@pytest.mark.redis
+async def test_a_resumed_stream_with_nothing_live_yet_ends_when_its_redis_died(
+    start_server: StartServer, redis_factory: Callable[[], RedisServer]
+) -> None:
+    """A stream opened with ``?since=`` at the top (a dashboard that opened a run with
+    the position ``POST /run`` gave it) got nothing live before Redis died: the top its
+    resume read is what the restarted (empty) store cannot show, so the stream ends."""
+    redis = redis_factory()
+    live = await start_server(backend=redis.url, redis_prefix="sse-death-since")
+    for n in (1, 2):
+        top = await live.node.publish("1", ["agent.since"], "step", json.dumps({"n": n}))
+    url = f"{live.url}/api/channels/agent.since/events"
+    async with sse(f"{url}?since={top['agent.since']}") as reader:
+        resume = await reader.events(within=30)
+        assert resume.event == "broadcaster:resume"
+        assert resume.json["recovered"] is True
+        redis.kill()
+        redis.start()
+        rest: list[SseEvent] = []
+        with contextlib.suppress(EOFError, TimeoutError):
+            async with asyncio.timeout(20):  # heartbeats alone never end it
+                while True:
+                    rest.append(await reader.next(within=30))
+    ended = [e.comment for e in rest if e.comment and e.comment.startswith("ended:")]
+    assert ended, rest
+    assert "missed publications" in ended[0]
+
+
 async def test_idle_streams_get_heartbeat_comments(start_server: StartServer) -> None:
     live = await start_server(sse_heartbeat=0.05)
     async with sse(f"{live.url}/api/channels/quiet/events") as reader:

@@ -17,7 +17,14 @@ from broadcaster.connection import Delivery
 from broadcaster.hub import Hub, Resumed
 from broadcaster.metrics import Metrics
 from broadcaster.publication import Position, Publication
-from tests.support.hub import APP, ScriptedBackend, publication, recording_connection, tick
+from tests.support.hub import (
+    APP,
+    RecordingSocket,
+    ScriptedBackend,
+    publication,
+    recording_connection,
+    tick,
+)
 
 CH = "agent.run"
 APP_ID = APP.id
@@ -424,6 +431,73 @@ async def test_after_the_primary_died_a_store_that_lost_what_was_delivered_close
     await tick()
     assert raw.offsets() == [1, 2, 3, 4, 5]
     assert raw.closed_with == 4100
+
+
+async def resumed_with_nothing_live(
+    backend: ScriptedBackend,
+) -> tuple[Hub, RecordingSocket, RecordingSocket]:
+    """A hub where one subscriber resumed to the top of the history (1, 2) and one
+    subscribed live, and nothing was delivered live yet (a dashboard that opened a
+    run with the position ``POST /run`` gave it)."""
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    other, other_raw = recording_connection("1.2")
+    await hub.subscribe(other, CH)
+    await hub.subscribe(conn, CH, recovering=True)
+    assert await hub.resume(conn, CH, Position(0, "e1")) == Resumed(True, Position(2, "e1"))
+    return hub, raw, other_raw
+
+
+@pytest.mark.parametrize("kept", [(1,), ()], ids=["went-back", "emptied"])
+async def test_a_break_before_anything_was_delivered_live_still_doubts_the_resumed_top(
+    kept: tuple[int, ...],
+) -> None:
+    """The resume's read of the top (2) is the channel's baseline until something is
+    delivered live: the primary died at publication 3, which never came, and the store
+    the node reconnected to lacks even 2. The subscribers are closed with 4100 (once
+    they went on untold: the node had delivered nothing live, so it had no position to
+    doubt)."""
+    backend = ScriptedBackend(streams={CH: stream(1, 2)})
+    hub, raw, other_raw = await resumed_with_nothing_live(backend)
+    backend.streams[CH] = stream(*kept)
+    backend.breaks += 1  # the pub/sub connection was lost
+    hub.check_gaps()
+    await hub.drain_fills()
+    await tick()
+    assert raw.offsets() == [1, 2]
+    assert raw.closed_with == 4100
+    assert other_raw.closed_with == 4100
+
+
+async def test_a_new_epoch_after_a_break_before_anything_was_delivered_live_closes() -> None:
+    backend = ScriptedBackend(streams={CH: stream(1, 2)})
+    hub, raw, _ = await resumed_with_nothing_live(backend)
+    backend.breaks += 1
+    hub.deliver(publication(CH, 1, epoch="e2"))
+    await tick()
+    assert raw.offsets() == [1, 2]
+    assert raw.closed_with == 4100
+
+
+@pytest.mark.parametrize("noticed", ["live", "reconnected"])
+async def test_publications_missed_after_a_resume_before_anything_live_are_filled(
+    noticed: str,
+) -> None:
+    """Publication 3 was missed (the pub/sub connection dropped; Redis kept its data)
+    before anything was delivered live: the next one, or the reconnection, reveals the
+    gap after the resume's top, and the history fills it for every subscriber."""
+    backend = ScriptedBackend(streams={CH: stream(1, 2)})
+    hub, raw, other_raw = await resumed_with_nothing_live(backend)
+    backend.append(CH, publication(CH, 3), publication(CH, 4))
+    if noticed == "live":
+        hub.deliver(publication(CH, 4))
+    else:
+        hub.check_gaps()
+    await hub.drain_fills()
+    await tick()
+    assert raw.offsets() == [1, 2, 3, 4]
+    assert other_raw.offsets() == [3, 4]
+    assert raw.closed_with is None
 
 
 async def test_a_gap_fill_after_a_break_that_finds_a_new_epoch_closes_with_4100() -> None:
