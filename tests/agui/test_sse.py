@@ -27,7 +27,7 @@ from broadcaster.sse import (
     decode,
     encode_event,
 )
-from tests.agui.conftest import SseEvent, is_final, read_until_final, sse
+from tests.agui.conftest import SseEvent, SseReader, is_final, read_until_final, sse
 from tests.support.live import KEY, SECRET, Client, LiveServer, StartServer
 from tests.support.processes import RedisServer, ServerProcess
 from tests.wire.test_runs import read_run, start_run, subscribe
@@ -186,6 +186,21 @@ async def test_a_stream_opened_while_publishing_misses_nothing_and_repeats_nothi
     assert offsets(got) == list(range(start.offset + 1, start.offset + total + 1))
 
 
+async def ended_after_redis_died(redis: RedisServer, reader: SseReader) -> str:
+    """Kill ``redis``, start it again empty, and return the comment that ended the
+    stream (an ``AssertionError`` if heartbeats went on for 20 s and nothing ended it)."""
+    redis.kill()
+    redis.start()
+    rest: list[SseEvent] = []
+    with contextlib.suppress(EOFError, TimeoutError):
+        async with asyncio.timeout(20):
+            while True:
+                rest.append(await reader.next(within=30))
+    ended = [e.comment for e in rest if e.comment and e.comment.startswith("ended:")]
+    assert ended, rest
+    return ended[0]
+
+
 @pytest.mark.redis
 async def test_a_stream_whose_redis_died_ends_and_its_resume_is_told_the_truth(
     start_server: StartServer, redis_factory: Callable[[], RedisServer]
@@ -203,17 +218,9 @@ async def test_a_stream_whose_redis_died_ends_and_its_resume_is_told_the_truth(
         for n in (1, 2):
             await live.node.publish("1", ["agent.death"], "step", json.dumps({"n": n}))
         seen = [await reader.events() for _ in range(2)]
-        redis.kill()
-        redis.start()
-        rest: list[SseEvent] = []
-        with contextlib.suppress(EOFError, TimeoutError):
-            async with asyncio.timeout(20):  # heartbeats alone never end it
-                while True:
-                    rest.append(await reader.next(within=30))
+        ended = await ended_after_redis_died(redis, reader)
     assert [e.json for e in seen] == [{"n": 1}, {"n": 2}]
-    ended = [e.comment for e in rest if e.comment and e.comment.startswith("ended:")]
-    assert ended, rest
-    assert "missed publications" in ended[0]
+    assert "missed publications" in ended
     async with sse(url, {"Last-Event-ID": seen[-1].id or ""}) as again:
         resume = await again.events(within=30)
     assert resume.event == "broadcaster:resume"
@@ -236,16 +243,8 @@ async def test_a_resumed_stream_with_nothing_live_yet_ends_when_its_redis_died(
         resume = await reader.events(within=30)
         assert resume.event == "broadcaster:resume"
         assert resume.json["recovered"] is True
-        redis.kill()
-        redis.start()
-        rest: list[SseEvent] = []
-        with contextlib.suppress(EOFError, TimeoutError):
-            async with asyncio.timeout(20):  # heartbeats alone never end it
-                while True:
-                    rest.append(await reader.next(within=30))
-    ended = [e.comment for e in rest if e.comment and e.comment.startswith("ended:")]
-    assert ended, rest
-    assert "missed publications" in ended[0]
+        ended = await ended_after_redis_died(redis, reader)
+    assert "missed publications" in ended
 
 
 async def test_idle_streams_get_heartbeat_comments(start_server: StartServer) -> None:

@@ -96,16 +96,27 @@ async def test_a_resume_sends_the_history_then_the_held_live_ones_without_duplic
     assert raw.offsets() == [1, 2, 3, 4]
 
 
-async def test_after_a_resume_a_late_copy_of_the_last_history_publication_is_dropped() -> None:
-    """With Redis, the pub/sub copy of a publication read from history can arrive after
-    the resume: the seam drops it, and lets the next one through."""
-    backend = ScriptedBackend(streams={CH: stream(1, 2)})
+async def resumed_with_nothing_live(
+    backend: ScriptedBackend,
+) -> tuple[Hub, RecordingSocket, RecordingSocket]:
+    """A hub where one subscriber resumed to the top of the history (1, 2) and one
+    subscribed live, and nothing was delivered live yet (a dashboard that opened a
+    run with the position ``POST /run`` gave it)."""
     hub = make_hub(backend)
     conn, raw = recording_connection("1.1")
     other, other_raw = recording_connection("1.2")
     await hub.subscribe(other, CH)
     await hub.subscribe(conn, CH, recovering=True)
     assert await hub.resume(conn, CH, Position(0, "e1")) == Resumed(True, Position(2, "e1"))
+    return hub, raw, other_raw
+
+
+async def test_after_a_resume_a_late_copy_of_the_last_history_publication_is_dropped() -> None:
+    """With Redis, the pub/sub copy of a publication read from history can arrive after
+    the resume: the seam drops it, and lets the next one through."""
+    hub, raw, other_raw = await resumed_with_nothing_live(
+        ScriptedBackend(streams={CH: stream(1, 2)})
+    )
     hub.deliver(publication(CH, 2))  # the late copy
     hub.deliver(publication(CH, 3))
     hub.deliver(publication(CH, 4))
@@ -431,21 +442,6 @@ async def test_after_the_primary_died_a_store_that_lost_what_was_delivered_close
     await tick()
     assert raw.offsets() == [1, 2, 3, 4, 5]
     assert raw.closed_with == 4100
-
-
-async def resumed_with_nothing_live(
-    backend: ScriptedBackend,
-) -> tuple[Hub, RecordingSocket, RecordingSocket]:
-    """A hub where one subscriber resumed to the top of the history (1, 2) and one
-    subscribed live, and nothing was delivered live yet (a dashboard that opened a
-    run with the position ``POST /run`` gave it)."""
-    hub = make_hub(backend)
-    conn, raw = recording_connection("1.1")
-    other, other_raw = recording_connection("1.2")
-    await hub.subscribe(other, CH)
-    await hub.subscribe(conn, CH, recovering=True)
-    assert await hub.resume(conn, CH, Position(0, "e1")) == Resumed(True, Position(2, "e1"))
-    return hub, raw, other_raw
 
 
 @pytest.mark.parametrize("kept", [(1,), ()], ids=["went-back", "emptied"])
