@@ -126,6 +126,11 @@ class _Channel:
     # epoch cannot prove that the old one ended at ``last``.
     doubt: bool = False
 
+    def since(self) -> Position | None:
+        """Where this node's knowledge of the channel's stream ends: the last position
+        delivered here, else a resume's ``floor`` (None: nothing to check against)."""
+        return self.last if self.last is not None else self.floor
+
 
 class _Unfillable(Exception):
     """The missed publications cannot be read: the history no longer has them."""
@@ -418,8 +423,7 @@ class Hub:
     ) -> bool:
         """Whether to deliver ``publication`` now: False for a copy, or when it revealed
         a gap (it is held while the gap is filled)."""
-        last, live = entry.last, entry.live
-        base = last if last is not None else entry.floor
+        last, live, base = entry.last, entry.live, entry.since()
         gap = None  # where the missed publications start
         if base is not None and base.epoch == position.epoch:
             if position.offset <= base.offset:
@@ -516,7 +520,7 @@ class Hub:
         every channel with a position in doubt (see ``_Channel.doubt``)."""
         self._breaks = self._backend.breaks
         for entry in self._channels.values():
-            if entry.last is not None or entry.floor is not None:
+            if entry.since() is not None:
                 entry.doubt = True
 
     def check_gaps(self) -> None:
@@ -525,7 +529,7 @@ class Hub:
         if self._backend.breaks != self._breaks:
             self._mark_breaks()
         for key, entry in self._channels.items():
-            since = entry.last if entry.last is not None else entry.floor
+            since = entry.since()
             if since is not None and entry.filling is None:
                 self._fill(key, entry, since, None, None)
 
