@@ -52,16 +52,17 @@ from redis.crc import key_slot
 from broadcaster.backends.redis import decode_publication
 from broadcaster.backends.redis_cluster import channel_key
 from tests.reliability.helpers import (
-    WS_PATH,
     Publisher,
     Reader,
     alive,
     becomes,
     deduplicated,
     eventually,
+    resume_the_closed,
     silent_gaps,
+    subscribed,
 )
-from tests.support.live import APP_ID, Client
+from tests.support.live import APP_ID
 from tests.support.processes import ServerProcess, _wait
 from tests.support.topologies import ClusterTopology, ConfiguredRedis, SentinelTopology, command
 
@@ -211,8 +212,8 @@ async def failover_trial(
     live: list[tuple[ServerProcess, Reader]] = []
     for node in nodes:
         for _ in range(2):
-            live.append((node, Reader(await _subscribed(node, channel)).start()))
-    leaver = Reader(await _subscribed(nodes[0], channel)).start()
+            live.append((node, Reader(await subscribed(node, channel)).start()))
+    leaver = Reader(await subscribed(nodes[0], channel)).start()
     back: Reader | None = None
     resumed: dict[int, Reader] = {}  # live client -> its resume after a 4100
     stop = False
@@ -243,18 +244,11 @@ async def failover_trial(
         trial.outage_s = round(time.monotonic() - killed_at, 2)
         mark = len(publisher.accepted)
         await eventually(lambda: len(publisher.accepted) >= mark + 20, "publishing to resume")
-
         # The dead primary may have acknowledged a publication it never wrote to a node
         # (see Backend.breaks): its nodes close the channel's clients with 4100 once they
         # see that the store changed. A client closed so resumes, as pusher-js would.
-        def settled(reader: Reader) -> bool:
-            return reader.ended is not None or bool(reader.seqs and reader.seqs[-1] >= mark)
-
-        await eventually(lambda: all(settled(r) for _, r in live), "each live client to settle")
-        for i, (node, reader) in enumerate(live):
-            if reader.ended is not None and reader.positions:
-                resumed[i] = Reader(await _subscribed(node, channel, reader.positions[-1])).start()
-        back = Reader(await _subscribed(nodes[1], channel, leaver.positions[-1])).start()
+        resumed = await resume_the_closed(live, channel, mark)
+        back = Reader(await subscribed(nodes[1], channel, leaver.positions[-1])).start()
         await eventually(lambda: back is not None and back.resumes, "the resume's answer")
         await eventually(lambda: len(publisher.accepted) >= mark + 60, "more publications")
     finally:
@@ -314,14 +308,6 @@ def _first_after(reader: Reader, after_kill: list[bool]) -> float | None:
         if seq < len(after_kill) and after_kill[seq]:
             return at
     return None
-
-
-async def _subscribed(node: ServerProcess, channel: str, position: str | None = None) -> Client:
-    client = await Client.connect(node.ws_url + WS_PATH)
-    fields = {} if position is None else {"position": position}
-    answer = await client.subscribe(channel, **fields)
-    assert answer["event"] == "pusher_internal:subscription_succeeded", answer
-    return client
 
 
 # -- scripts/failover-trials ------------------------------------------------------------

@@ -11,7 +11,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -263,6 +263,34 @@ def silent_gaps(
         if not tail or tail != accepted[accepted.index(tail[0]) :]:
             gaps.append(f"after recovered: false it did not read on in order: {tail[:5]}")
     return gaps
+
+
+async def subscribed(node: ServerProcess, channel: str, position: str | None = None) -> Client:
+    """A client of ``node`` subscribed to ``channel`` (resuming from ``position``)."""
+    client = await Client.connect(node.ws_url + WS_PATH)
+    fields = {} if position is None else {"position": position}
+    answer = await client.subscribe(channel, **fields)
+    assert answer["event"] == "pusher_internal:subscription_succeeded", answer
+    return client
+
+
+async def resume_the_closed(
+    clients: Sequence[tuple[ServerProcess, Reader]], channel: str, mark: int
+) -> dict[int, Reader]:
+    """Wait until each client is closed or has read a publication accepted after
+    ``mark``, then resume each closed one on its node from its last position, as
+    pusher-js does after a 4100. Returns the resumed readers by the index of the client
+    each one replaces."""
+
+    def settled(reader: Reader) -> bool:
+        return reader.ended is not None or bool(reader.seqs and reader.seqs[-1] >= mark)
+
+    await eventually(lambda: all(settled(r) for _, r in clients), "each client to settle")
+    resumed: dict[int, Reader] = {}
+    for i, (node, reader) in enumerate(clients):
+        if reader.ended is not None and reader.positions:
+            resumed[i] = Reader(await subscribed(node, channel, reader.positions[-1])).start()
+    return resumed
 
 
 def alive(node: ServerProcess) -> bool:

@@ -30,10 +30,16 @@ from tests.reliability.failover import (
     ClusterFaults,
     Faults,
     SentinelFaults,
-    _subscribed,
     failover_trial,
 )
-from tests.reliability.helpers import Publisher, Reader, eventually, report, silent_gaps
+from tests.reliability.helpers import (
+    Publisher,
+    Reader,
+    eventually,
+    report,
+    silent_gaps,
+    subscribed,
+)
 from tests.support.processes import ServerFactory
 from tests.support.topologies import ClusterTopology, SentinelTopology, command
 
@@ -121,7 +127,7 @@ async def test_a_manual_failover_loses_nothing(
         nodes = [server_factory("--backend", faults.url, *SERVE_ARGS) for _ in range(2)]
         for node in nodes:
             node.wait_ready()
-        live = [(n, Reader(await _subscribed(n, channel)).start()) for n in nodes for _ in range(2)]
+        live = [(n, Reader(await subscribed(n, channel)).start()) for n in nodes for _ in range(2)]
         resumed: list[tuple[Reader, Reader]] = []
         stop = False
         publisher = Publisher([n.url for n in nodes], channel)
@@ -142,7 +148,7 @@ async def test_a_manual_failover_loses_nothing(
                 if reader.ended is not None:
                     assert "4100" in reader.ended, reader.ended
                     assert reader.positions, "closed before it read anything"
-                    again = await _subscribed(node, channel, reader.positions[-1])
+                    again = await subscribed(node, channel, reader.positions[-1])
                     resumed.append((reader, Reader(again).start()))
             mark = len(publisher.accepted)
             await eventually(lambda: len(publisher.accepted) >= mark + 20, "publishing on")

@@ -32,6 +32,7 @@ from tests.reliability.helpers import (
     deduplicated,
     eventually,
     report,
+    resume_the_closed,
     silent_gaps,
     status,
 )
@@ -64,15 +65,12 @@ async def test_nothing_accepted_is_lost_when_redis_is_killed_and_restarted(
     for node in nodes:
         node.wait_ready()
 
-    live: list[Reader] = []
-    reader_nodes: list[ServerProcess] = []  # the node of each live client, then within's
+    live: list[tuple[ServerProcess, Reader]] = []
     for node in nodes:
         for _ in range(3):
             client = await connect(node)
             await subscribe(client)
-            live.append(Reader(client).start())
-            reader_nodes.append(node)
-    reader_nodes.append(nodes[0])
+            live.append((node, Reader(client).start()))
     across = Reader(await connect(nodes[1]))  # resumes across the restart
     await subscribe(across.client)
     across.start()
@@ -83,7 +81,7 @@ async def test_nothing_accepted_is_lost_when_redis_is_killed_and_restarted(
     publisher = Publisher([n.url for n in nodes], CHANNEL)
     pub_task = asyncio.create_task(publisher.run(lambda: len(publisher.accepted) >= TOTAL))
     accepted_before_kill = 0
-    told: dict[int, Reader] = {}  # live client -> its resume after the 4100
+    told: dict[int, Reader] = {}  # live client (then within) -> its resume after the 4100
     try:
         await eventually(lambda: len(publisher.accepted) >= TOTAL // 3, "a third of the run")
         redis.kill()
@@ -98,17 +96,7 @@ async def test_nothing_accepted_is_lost_when_redis_is_killed_and_restarted(
             await becomes(node, 200)
         mark = len(publisher.accepted)
         await eventually(lambda: len(publisher.accepted) >= mark + 20, "publishing resumes")
-
-        def settled(reader: Reader) -> bool:
-            return reader.ended is not None or bool(reader.seqs and reader.seqs[-1] >= mark)
-
-        clients = [*live, within]
-        await eventually(lambda: all(settled(r) for r in clients), "each client to settle")
-        for i, reader in enumerate(clients):  # closed to resume: resume, as pusher-js would
-            if reader.ended is not None and reader.positions:
-                again_client = await connect(reader_nodes[i])
-                await subscribe(again_client, reader.positions[-1])
-                told[i] = Reader(again_client).start()
+        told = await resume_the_closed([*live, (nodes[0], within)], CHANNEL, mark)
         still = told.get(len(live), within)  # the second leaver, resumed if it was closed
         await eventually(lambda: bool(still.seqs) and still.seqs[-1] >= mark + 10, "reading on")
         await still.stop()
@@ -127,14 +115,14 @@ async def test_nothing_accepted_is_lost_when_redis_is_killed_and_restarted(
 
     accepted = publisher.accepted
     last = accepted[-1]
-    current = [told.get(i, reader) for i, reader in enumerate(live)]
+    current = [told.get(i, reader) for i, (_, reader) in enumerate(live)]
     await eventually(lambda: all(r.seqs and r.seqs[-1] >= last for r in [*current, again]), "all")
     for node in nodes:
         assert alive(node), "a node exited"
 
     gaps = [
         f"live client {i}: {gap}"
-        for i, reader in enumerate(live)
+        for i, (_, reader) in enumerate(live)
         for gap in silent_gaps(reader, told.get(i), accepted, publisher.retried)
     ]
     assert gaps == []
@@ -154,7 +142,7 @@ async def test_nothing_accepted_is_lost_when_redis_is_killed_and_restarted(
     tail = deduplicated(back.seqs, publisher.retried)
     assert tail == accepted[accepted.index(tail[0]) :]
 
-    for reader in [*live, *told.values(), again, back]:
+    for reader in [*(r for _, r in live), *told.values(), again, back]:
         await reader.stop()
     report(
         "redis_fault",
