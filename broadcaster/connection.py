@@ -9,7 +9,12 @@ Slow-consumer policy (named, per STYLE.md): when a connection's unsent bytes (it
 pending frames plus the transport's write buffer) would exceed ``max_buffer_bytes``, the
 connection is closed with code 4100 ("over capacity", reconnect with back-off) and its
 pending frames are dropped. The other subscribers of the same publications are not
-delayed or affected.
+delayed or affected. One message larger than ``max_buffer_bytes`` itself (a publisher's
+oversized event) is taken whole behind at most ``max_buffer_bytes`` unsent, and the limit
+counts what is queued beyond it: so it reaches every client that keeps up, live or in a
+resume (which sends it once nothing else is unsent), and a connection holds at most
+``max_buffer_bytes`` plus that one message. A second one while the first may still be
+unsent closes the connection like any overflow. Every close says why in its reason.
 """
 
 from __future__ import annotations
@@ -107,6 +112,7 @@ class Connection:
         "_delivery",
         "_event_count",
         "_event_window",
+        "_oversized",
         "_pending",
         "_pending_bytes",
         "_raw",
@@ -134,6 +140,7 @@ class Connection:
         self._pending: list[bytes] | None = None
         self._pending_bytes = 0
         self._backlog = 0  # the transport's unsent bytes at this tick's first frame
+        self._oversized = 0  # bytes of the one message over the limit that may be unsent
         self._event_window = 0
         self._event_count = 0
         self._subscribe_tokens = _UNUSED  # a full bucket until the first subscribe
@@ -162,9 +169,11 @@ class Connection:
         limit = self._delivery.max_buffer_bytes
         # The backlog read earlier in the tick can only have shrunk since: read it again
         # before calling the client slow.
-        if size + self._backlog > limit and size + self._buffered() > limit:
-            self._slow_consumer()
-            return
+        if size + self._backlog > limit:
+            if not self._takes(len(frame), self._pending_bytes):
+                return
+        elif self._oversized:
+            self._oversized = 0  # (nearly all) written: the plain limit again
         if pending is None:
             self._pending = [frame]
             self._delivery.mark(self)
@@ -250,11 +259,36 @@ class Connection:
         self._event_count += 1
         return self._event_count <= per_second
 
-    def _slow_consumer(self) -> None:
+    def _takes(self, size: int, pending: int) -> bool:
+        """Whether a message of ``size`` bytes may join what is unsent (``pending`` of it
+        not yet handed to the transport): within ``max_buffer_bytes``, not counting one
+        message larger than that (:attr:`_oversized`, taken whole so that it can reach
+        anyone at all). Closes the connection (4100) if not."""
+        unsent = pending + self._buffered()
+        limit = self._delivery.max_buffer_bytes
+        if unsent == 0 or unsent + size <= limit:  # what was exempt is (nearly) gone
+            self._oversized = size if size > limit else 0
+            return True
+        if unsent + size <= limit + self._oversized:
+            return True
+        if size > limit and not self._oversized and unsent <= limit:
+            self._oversized = size
+            return True
+        if size > limit:
+            self._slow_consumer(
+                f"slow consumer: {unsent} bytes unsent ahead of a {size}-byte message "
+                f"(max_buffer_bytes {limit})"
+            )
+        else:
+            self._slow_consumer()
+        return False
+
+    def _slow_consumer(self, reason: str | None = None) -> None:
         self._pending = None
         self._pending_bytes = 0
         self.state = ConnectionState.CLOSING
-        reason = f"slow consumer: more than {self._delivery.max_buffer_bytes} bytes unsent"
+        if reason is None:
+            reason = f"slow consumer: more than {self._delivery.max_buffer_bytes} bytes unsent"
         self._close_socket(SLOW_CONSUMER_CODE, reason, self._delivery.abort_after)
         if self._delivery.on_slow_consumer is not None:
             self._delivery.on_slow_consumer(self)
@@ -289,8 +323,10 @@ class QueuedConnection(Connection):
             return
         size = self._queued_bytes + len(message)
         if size > self._delivery.max_buffer_bytes:
-            self._slow_consumer()
-            return
+            if not self._takes(len(message), 0):
+                return
+        elif self._oversized:
+            self._oversized = 0
         self._queue.append(message)
         self._queued_bytes = size
         self._wakeup.set()
@@ -307,9 +343,9 @@ class QueuedConnection(Connection):
         self._queue.clear()
         self._queued_bytes = 0
 
-    def _slow_consumer(self) -> None:
+    def _slow_consumer(self, reason: str | None = None) -> None:
         self._drop()
-        super()._slow_consumer()
+        super()._slow_consumer(reason)
 
     def _buffered(self) -> int:
         return self._queued_bytes

@@ -9,7 +9,8 @@ leave the backend unsubscribed.
 Resume: a connection that subscribes with a position is registered in *recovering*
 state first; live publications for it are held back while :meth:`Hub.resume` reads the
 history page by page and sends each page as the connection's buffer drains (a history
-larger than ``max_buffer_bytes`` streams instead of overflowing it), then the held live
+larger than ``max_buffer_bytes`` streams instead of overflowing it; a publication larger
+than the buffer is sent whole once nothing else is unsent), then the held live
 ones whose offset is newer (no duplicate, no gap at the seam). History reads of resumes
 are bounded per node (``max_history_reads`` at a time, first come first served, each
 given up after ``history_read_timeout``), so a burst of resumes cannot starve the
@@ -238,7 +239,7 @@ class Hub:
                 return Resumed(False, page.position)
             for publication in page.publications:
                 if not await self._send_paced(conn, publication, budget):
-                    self.release(conn, channel)  # closed, or a frame that can never fit
+                    self.release(conn, channel)  # closed meanwhile
                     return Resumed(False, page.position)
                 after = publication.position or after
             if after == page.position:
@@ -275,14 +276,13 @@ class Hub:
 
     async def _send_paced(self, conn: Connection, publication: Publication, budget: int) -> bool:
         """Send one publication from history once ``conn`` has room for it within
-        ``budget`` unsent bytes (the rest of its buffer stays free for live traffic)."""
+        ``budget`` unsent bytes (the rest of its buffer stays free for live traffic); one
+        larger than that once nothing is unsent (a connection takes one message of any
+        size then, see :mod:`broadcaster.connection`). False when ``conn`` closed."""
         if publication.exclude_socket_id == conn.socket_id:
             return True
         message = encode(publication)
-        size = len(message.frame)
-        if size > self._max_buffer_bytes:
-            return False
-        room = max(budget - size, 1)
+        room = max(budget - len(message.frame), 1)
         if conn.unsent() >= room:
             try:
                 async with asyncio.timeout(_DRAIN_TIMEOUT):

@@ -8,6 +8,12 @@ lifecycle event through a :class:`broadcaster.publishers.Publisher`. It keeps
 arguments and results, and coalesces streamed text so that a fast model does not
 become one publish per token.
 
+Streamed text is published in chunks of at most ``max_chunk_bytes`` (as JSON, 8 KiB by
+default): coalescing stops there, and a longer delta is split into consecutive chunks,
+between characters. So one large model answer never becomes a publication that a
+Pusher event (10,240 bytes of data) or a subscriber's buffer cannot take; viewers join
+a step's chunks in ``chunk_index`` order and get the text exactly.
+
 Ordering: envelopes are published one at a time, in event order, under one lock; the
 timer that flushes coalesced text takes the same lock, so text never overtakes the
 event that followed it.
@@ -16,6 +22,7 @@ event that followed it.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -37,8 +44,10 @@ __all__ = [
     "AgentEventAdapter",
     "EnvelopeEmitter",
     "FinalStateHook",
+    "split_text",
     "summarize_args",
     "summarize_result",
+    "text_size",
     "usage_payload",
 ]
 
@@ -69,6 +78,11 @@ class AdapterOptions:
             subscriber's buffer.
         coalesce_seconds: longest time streamed text is held before it is published.
         coalesce_deltas: text deltas that trigger a publish before the delay ends.
+        max_chunk_bytes: longest text of one ``agent.stream.chunk``, in bytes of its
+            JSON string (:func:`text_size`): held text is published before it would
+            grow past it, and a longer delta is split into consecutive chunks. With the
+            envelope's other fields (at most about 400 bytes) a chunk fits a Pusher
+            event (10,240 bytes of data) and is far below a subscriber's buffer.
     """
 
     include_continuation_trace: bool = False
@@ -81,15 +95,67 @@ class AdapterOptions:
     max_arguments_bytes: int = 8_192
     coalesce_seconds: float = 0.05
     coalesce_deltas: int = 16
+    max_chunk_bytes: int = 8_192
 
     def __post_init__(self) -> None:
         for name in ("summary_length", "arg_value_length", "coalesce_deltas"):
             if getattr(self, name) < 4:
                 raise ValueError(f"{name} must be at least 4, got {getattr(self, name)!r}")
+        if self.max_chunk_bytes < _MIN_CHUNK_BYTES:
+            raise ValueError(
+                f"max_chunk_bytes must be at least {_MIN_CHUNK_BYTES}, got {self.max_chunk_bytes!r}"
+            )
         if self.coalesce_seconds < 0 or self.max_summary_args < 0 or self.max_arguments_bytes < 0:
             raise ValueError(
                 "coalesce_seconds, max_summary_args and max_arguments_bytes cannot be negative"
             )
+
+
+_MIN_CHUNK_BYTES = 64  # room for any character: at most 12 bytes as JSON (a surrogate pair)
+
+
+def text_size(text: str) -> int:
+    """The bytes ``text`` takes as a JSON string in an envelope (UTF-8, with escapes,
+    without the quotes)."""
+    try:
+        return len(orjson.dumps(text)) - 2
+    except TypeError:  # lone surrogates (orjson refuses them): as json writes them
+        return len(json.dumps(text).encode()) - 2
+
+
+def split_text(text: str, limit: int) -> list[str]:
+    """``text`` in consecutive pieces of at most ``limit`` bytes each as JSON strings
+    (:func:`text_size`), cut between characters and never between the two halves of a
+    surrogate pair; joined, they are ``text``. ``limit`` must be at least 12."""
+    pieces: list[str] = []
+    start, length = 0, len(text)
+    while start < length:
+        end = min(length, start + limit)  # a character takes at least one byte
+        if text_size(text[start:end]) > limit:
+            end = _longest_fit(text, start, end, limit)
+        if end < length and _is_pair(text, end):
+            end += -1 if end - start > 1 else 1  # keep the pair together
+        pieces.append(text[start:end])
+        start = end
+    return pieces
+
+
+def _longest_fit(text: str, start: int, end: int, limit: int) -> int:
+    """The last ``stop`` in ``(start, end)`` with ``text[start:stop]`` within ``limit``
+    (one character always is), knowing that ``text[start:end]`` is not."""
+    fits, over = start + 1, end
+    while over - fits > 1:
+        middle = (fits + over) // 2
+        if text_size(text[start:middle]) <= limit:
+            fits = middle
+        else:
+            over = middle
+    return fits
+
+
+def _is_pair(text: str, at: int) -> bool:
+    """Whether ``text[at - 1 : at + 1]`` is a high and a low surrogate."""
+    return "\ud800" <= text[at - 1] <= "\udbff" and "\udc00" <= text[at] <= "\udfff"
 
 
 def _bounded(args: Mapping[str, Any], limit: int) -> dict[str, Any] | None:
@@ -161,6 +227,7 @@ class EnvelopeEmitter:
         self._lock = asyncio.Lock()
         self._last_event: ev.AgentEvent | None = None
         self._chunks: list[str] = []
+        self._chunk_bytes = 0  # text_size of the held text
         self._chunk_step: int | None = None
         self._chunk_index = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -291,12 +358,28 @@ class EnvelopeEmitter:
                 await self._flush_chunks(complete=False)
             self._chunk_step = event.step_number
             if event.text_delta:
-                self._chunks.append(event.text_delta)
+                await self._hold(event.text_delta)
             if event.is_complete or len(self._chunks) >= self.options.coalesce_deltas:
                 await self._flush_chunks(complete=event.is_complete)
             elif self._chunks and self._timer is None:
                 loop = asyncio.get_running_loop()
                 self._timer = loop.call_later(self.options.coalesce_seconds, self._on_timer)
+
+    async def _hold(self, delta: str) -> None:
+        """Hold ``delta`` for coalescing, publishing first what would take the held text
+        past ``max_chunk_bytes``: the held text, then all but the last piece of a delta
+        that is longer itself (caller holds the lock)."""
+        limit = self.options.max_chunk_bytes
+        size = text_size(delta)
+        if self._chunk_bytes + size > limit:
+            await self._flush_chunks(complete=False)
+        if size > limit:
+            *whole, delta = split_text(delta, limit)
+            for piece in whole:  # no delta ends in these: they count none
+                await self._publish_chunk(piece, deltas=0, complete=False)
+            size = text_size(delta)
+        self._chunks.append(delta)
+        self._chunk_bytes += size
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -316,7 +399,12 @@ class EnvelopeEmitter:
         if not self._chunks and not complete:
             return
         text, deltas = "".join(self._chunks), len(self._chunks)
-        self._chunks = []
+        self._chunks, self._chunk_bytes = [], 0
+        await self._publish_chunk(text, deltas=deltas, complete=complete)
+        if complete:
+            self._chunk_step = None
+
+    async def _publish_chunk(self, text: str, *, deltas: int, complete: bool) -> None:
         payload = env.StreamChunkPayload(
             chunk=text,
             is_complete=complete,
@@ -325,8 +413,6 @@ class EnvelopeEmitter:
             step_number=self._chunk_step or None,
         )
         self._chunk_index += 1
-        if complete:
-            self._chunk_step = None
         await self._publish(env.StreamChunk(**self._ids(), payload=payload))
 
     # -- publishing -----------------------------------------------------------------------

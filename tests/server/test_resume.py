@@ -194,23 +194,25 @@ async def test_a_history_larger_than_the_buffer_streams_over_sse(
     assert ids == list(range(start.offset + 1, start.offset + MISSED + 1))
 
 
-async def test_a_missed_publication_larger_than_the_buffer_ends_the_resume_unrecovered(
+async def test_a_missed_publication_larger_than_the_buffer_is_resumed_whole(
     start_server: StartServer, clients: Connect
 ) -> None:
-    """A frame that can never fit the buffer cannot be replayed: the client is told
-    ``recovered: false`` (and reloads state) and stays connected for what comes next,
-    instead of being closed on every retry."""
+    """A frame larger than the whole buffer is sent once nothing else is unsent (the
+    limit counts what is queued beyond it), followed by the resume answer: the client
+    gets it and ``recovered: true``, not a ``recovered: false`` for a history that has
+    every publication (see tests/server/test_large_publications.py for live viewers)."""
     live = await start_server(max_buffer_bytes=SMALL_BUFFER)
     channel = "agent.huge"
     start = await live.node.backend.position(APP_ID, channel)
     await live.node.publish(APP_ID, [channel], "seq", json.dumps({"n": 0, "pad": "x" * 5000}))
+    await live.node.publish(APP_ID, [channel], "seq", json.dumps({"n": 1}))
     client = await clients(live.app_url())
     answer = await client.subscribe(channel, position=str(start))
     assert answer["event"] == "pusher_internal:subscription_succeeded"
     seqs, resume = await read_resume(client, channel)
-    assert (seqs, resume["recovered"]) == ([], False)
-    await live.node.publish(APP_ID, [channel], "seq", json.dumps({"n": 1}))
-    assert (await client.expect("seq"))["data"]["n"] == 1
+    assert (seqs, resume["recovered"]) == ([0, 1], True)
+    await live.node.publish(APP_ID, [channel], "seq", json.dumps({"n": 2}))
+    assert (await client.expect("seq"))["data"]["n"] == 2
 
 
 # -- point 10: a history read that fails ---------------------------------------------------

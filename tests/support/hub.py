@@ -88,6 +88,7 @@ class RecordingSocket:
         self.written = bytearray()
         self.backlog = 0  # bytes the "kernel" has not taken yet
         self.closed_with: int | None = None
+        self.close_reason = ""
 
     @property
     def closing(self) -> bool:
@@ -102,6 +103,7 @@ class RecordingSocket:
 
     def close_now(self, code: int, reason: str, abort_after: float) -> None:
         self.closed_with = code
+        self.close_reason = reason
 
     def messages(self) -> list[dict[str, Any]]:
         """Every text frame written, decoded (server frames are unmasked)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 import jsonschema
@@ -12,8 +13,10 @@ import pytest
 from agent_core.adapters.broadcasting import (
     AdapterOptions,
     AgentEventAdapter,
+    split_text,
     summarize_args,
     summarize_result,
+    text_size,
 )
 from agent_core.app.demo_tools import demo_driver, demo_tools
 from agent_core.app.runs import PacedDriver
@@ -145,6 +148,85 @@ async def test_slow_streams_are_flushed_by_the_delay_in_order() -> None:
     assert types.index("agent.step.completed") > max(
         i for i, t in enumerate(types) if t == "agent.stream.chunk"
     )
+
+
+# -- large text: chunks within max_chunk_bytes ---------------------------------------------
+
+MIXED = 'plain ASCII, "quotes" \\ back\tslash\n, é ü ß, € ✓, 😀 🚀 𝄞, \x01\x1f ctrl; '
+TEXTS = {
+    "ascii": "a" * 50_000,
+    "mixed": MIXED * 700,
+    "astral": "😀" * 20_000,
+    "escapes": '"\\\n\x00' * 10_000,
+    "lone surrogates": (
+        "ab\ud83d\ude00c\ud800" * 3_000
+    ),  # as text decoded with surrogatepass has them
+}
+
+
+@pytest.mark.parametrize("limit", [12, 64, 1000, 8192])
+@pytest.mark.parametrize("name", list(TEXTS))
+def test_split_text_keeps_the_text_and_each_piece_within_the_limit(name: str, limit: int) -> None:
+    text = TEXTS[name]
+    pieces = split_text(text, limit)
+    assert "".join(pieces) == text
+    assert all(0 < text_size(piece) <= limit for piece in pieces)
+    for piece, after in itertools.pairwise(pieces):
+        # never between the halves of a surrogate pair; otherwise as long as it can be
+        pair = "\ud800" <= piece[-1] <= "\udbff" and "\udc00" <= after[0] <= "\udfff"
+        assert not pair
+        assert text_size(piece + after[:1]) > limit or "\ud800" <= after[0] <= "\udfff"
+
+
+def test_text_size_is_what_the_text_adds_to_an_envelope() -> None:
+    from broadcaster.envelope import StreamChunk, StreamChunkPayload
+
+    def envelope(text: str) -> int:
+        payload = StreamChunkPayload(chunk=text)
+        return len(StreamChunk(session_id="s", execution_id="x", payload=payload).to_json())
+
+    for text in ("", MIXED, "😀", '"\\', "\x00\n"):
+        assert envelope(text) - envelope("") == text_size(text)
+
+
+def test_a_chunk_bound_below_any_character_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_chunk_bytes must be at least 64"):
+        AdapterOptions(max_chunk_bytes=32)
+
+
+async def streamed(chunks: tuple[str, ...], session_id: str = "s-1") -> list[Envelope]:
+    """The envelopes of a one-step run whose model streams ``chunks``."""
+    publisher = RecordingPublisher()
+    adapter = AgentEventAdapter(publisher, session_id, "x-1")
+    text = "".join(chunks)
+    driver = ScriptedDriver([ScriptedResponse(text=text, chunks=chunks)])
+    await adapter.install(AgentBuilder().with_driver(driver)).build().run(QUESTION)
+    await adapter.aclose()
+    return publisher.envelopes()
+
+
+@pytest.mark.parametrize(
+    "deltas",
+    [
+        pytest.param(("a" * 300_000, "b" * 300_000), id="2 x 300,000"),
+        pytest.param((MIXED * 600, "x", MIXED * 900), id="multibyte"),
+        pytest.param(tuple("é" * 1000 for _ in range(40)), id="40 x 1,000 coalesced"),
+    ],
+)
+async def test_large_deltas_become_consecutive_chunks_that_fit_a_pusher_event(
+    deltas: tuple[str, ...],
+) -> None:
+    """A delta longer than max_chunk_bytes is split, coalescing stops before the bound:
+    every envelope fits a Pusher event (10,240 bytes of data) even with the longest
+    session id, and the chunks join, in chunk_index order, to exactly the model's text."""
+    envelopes = await streamed(deltas, session_id="s" * 128)
+    chunks = [e.payload for e in envelopes if e.type == "agent.stream.chunk"]
+    assert all(len(e.to_json()) <= 10_240 for e in envelopes)
+    assert "".join(c.chunk for c in chunks) == "".join(deltas)  # type: ignore[union-attr]
+    assert [c.chunk_index for c in chunks] == list(range(len(chunks)))  # type: ignore[union-attr]
+    assert [c.is_complete for c in chunks] == [False] * (len(chunks) - 1) + [True]  # type: ignore[union-attr]
+    assert sum(c.tokens_delta for c in chunks) == len(deltas)  # type: ignore[union-attr]
+    assert len(chunks) <= 2 * sum(text_size(d) for d in deltas) // 8192 + 2  # not needlessly many
 
 
 async def test_stream_chunks_can_be_turned_off() -> None:
