@@ -584,6 +584,7 @@ class SessionWatch:
         self.position: str | None = since
         """The position of the last envelope the iteration has yielded."""
         self.resumes: list[Resume] = []
+        """The server's resume answers, each added when the iteration reaches it."""
         self.state = "connecting"
         """connecting, live, reconnecting, recovered, reloaded (a gap the server could
         not fill), ended, closed."""
@@ -593,10 +594,13 @@ class SessionWatch:
         self._ever_live = False
         self._missed = 0
         self._accepting = False
+        self._answered = False  # the last subscribe's resume answer came
+        self._ended = False  # the run's terminal agent.status was delivered
         self._ws: ClientConnection | None = None
-        self._queue: asyncio.Queue[tuple[dict[str, Any], str | None] | BaseException | None] = (
-            asyncio.Queue()
-        )
+        # Envelopes with their positions and resume answers, in the order they came.
+        self._queue: asyncio.Queue[
+            tuple[dict[str, Any], str | None] | Resume | BaseException | None
+        ] = asyncio.Queue()
         self._received: str | None = since
         self._task: asyncio.Task[None] | None = None
 
@@ -609,6 +613,11 @@ class SessionWatch:
         if self._task is None:
             self._task = asyncio.create_task(self._run())
         item = await self._queue.get()
+        while isinstance(item, Resume):
+            self.resumes.append(item)
+            if self.on_resume is not None:
+                self.on_resume(item)
+            item = await self._queue.get()
         if item is None:
             raise StopAsyncIteration
         if isinstance(item, BaseException):
@@ -729,6 +738,7 @@ class SessionWatch:
             data["auth"] = await self._authorize(socket_id)
         self._missed = 0
         self._accepting = False
+        self._answered = False
         await ws.send(json.dumps({"event": "pusher:subscribe", "data": data}))
 
     async def _authorize(self, socket_id: str) -> str:
@@ -773,18 +783,18 @@ class SessionWatch:
         envelope = _data(message)
         self._queue.put_nowait((envelope, position))
         payload = envelope.get("payload") or {}
-        return bool(
-            self.until_end
-            and envelope.get("type") == "agent.status"
-            and payload.get("status") in TERMINAL
-            and self._end()
-        )
+        if envelope.get("type") == "agent.status" and payload.get("status") in TERMINAL:
+            self._ended = self.until_end
+        # A run that ends within a replay ends once the resume answer came, so the
+        # answer (recovered or not) is always reported.
+        return self._ended and self._answered and self._end()
 
     def _end(self) -> bool:
         self.state = "ended"
         return True
 
     async def _resumed(self, ws: ClientConnection, socket_id: str, answer: dict[str, Any]) -> bool:
+        self._answered = True
         current = parse_position(answer.get("position"))
         if self._received is None:
             # The answer to the probe (no since): replay what the channel already holds.
@@ -812,8 +822,8 @@ class SessionWatch:
             )
         )
         if recovered:
-            return False
-        return await self._gap()
+            return self._ended and self._end()
+        return await self._gap() or (self._ended and self._end())
 
     async def _nothing_published(self) -> bool:
         """The channel holds nothing: an unknown session, or one whose history expired."""
@@ -834,11 +844,9 @@ class SessionWatch:
 
     def _report(self, resume: Resume) -> None:
         self._ever_live = True
-        self.resumes.append(resume)
         if resume.recovered:
             self.state = "recovered" if resume.after_drop else "live"
-        if self.on_resume is not None:
-            self.on_resume(resume)
+        self._queue.put_nowait(resume)
 
 
 def _data(message: dict[str, Any]) -> dict[str, Any]:
