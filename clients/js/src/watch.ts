@@ -118,6 +118,9 @@ class Watch implements SessionWatch {
   private resolve!: (status: WatchStatus) => void;
   private finished = false;
   private reconciling = false;
+  /** A subscribe was sent and its broadcaster:resume has not come yet. */
+  awaitingAnswer = false;
+  private endPending = false;
   onClose: () => void = () => {};
 
   constructor(
@@ -153,18 +156,26 @@ class Watch implements SessionWatch {
     const view = reduceRun(this.current.view, envelope, position);
     if (view === this.current.view) return;
     this.update({ view });
-    if (envelope.type === "agent.status" && TERMINAL.has(envelope.payload.status)) void this.end();
+    if (envelope.type !== "agent.status" || !TERMINAL.has(envelope.payload.status)) return;
+    // A run that ends within a replay ends once the resume answer came, so the answer
+    // (recovered or not) is always reported.
+    if (this.awaitingAnswer) this.endPending = true;
+    else void this.end();
   }
 
   resumed(answer: ResumeAnswer, afterDrop: boolean): void {
+    this.awaitingAnswer = false;
     this.update({ resumes: [...this.current.resumes, answer] });
     if (!answer.recovered) {
-      void this.reload(answer);
+      void this.reload(answer).then(() => {
+        if (this.endPending) void this.end();
+      });
       return;
     }
     if (this.current.state === "connecting" || this.current.state === "reconnecting") {
       this.update({ state: afterDrop ? "recovered" : "live" });
     }
+    if (this.endPending) void this.end();
   }
 
   live(): void {
@@ -459,6 +470,7 @@ export function watchSession(options: WatchOptions): SessionWatch {
       const payload = data as { channel?: string } | null;
       if (name === "pusher:subscribe" && payload && payload.channel === channelName) {
         data = { ...payload, position: position() };
+        watch.awaitingAnswer = true;
         accepting = false;
         missed = 0;
       }

@@ -38,6 +38,9 @@ test("watchSession without since replays the whole channel of a finished run", a
   const again = await watchSession({ url: server.url, sessionId: run.session_id }).done;
   assert.equal(again.state, "ended");
   assert.deepEqual(again.view, first.view);
+  // The whole run came as a replay; the server's answer (nothing lost) is still reported.
+  assert.equal(again.resumes.at(-1).recovered, true);
+  assert.equal(again.resumes.at(-1).missed, again.view.event_count);
   assert.deepEqual(again.differences, []);
 });
 
