@@ -225,7 +225,9 @@ def _apply_status(run: RunView, payload: dict[str, Any], at: str | None) -> None
         run["stop_reason"] = payload.get("stop_reason")
         run["error"] = payload.get("error_message")
         run["last_response"] = payload.get("last_response")
-        run["reported_usage"] = _usage(payload["usage"]) if payload.get("usage") else None
+        run["reported_usage"] = (
+            _usage(payload["usage"]) if payload.get("usage") is not None else None
+        )
     else:
         # A later run of the session (in_progress again) keeps the clock going.
         run["ended_at"] = None
@@ -294,11 +296,11 @@ def _apply_step_completed(run: RunView, payload: dict[str, Any]) -> None:
                 "stop_reason": summary.get("stop_reason"),
                 "resolved_by": summary["resolved_by"],
             }
-            if summary
+            if summary is not None
             else None
         ),
     }
-    if summary:
+    if summary is not None:
         run["resolved_by"] = summary["resolved_by"]
     for ref in payload.get("tool_calls") or []:
         tool = _tool_of(step, ref["id"])
@@ -344,7 +346,7 @@ def reduce_run(view: RunView, envelope: Any, position: str | None = None) -> Run
     if not isinstance(envelope, dict) or envelope.get("type") not in _KNOWN:
         return view
     payload = envelope.get("payload")
-    if not isinstance(payload, dict) or not payload or _is_replay(view["position"], position):
+    if not isinstance(payload, dict) or _is_replay(view["position"], position):
         return view
     run = copy.deepcopy(view)
     at = envelope.get("timestamp")
