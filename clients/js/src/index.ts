@@ -20,9 +20,16 @@ export {
   type Usage,
 } from "./run.js";
 export {
+  ChannelFeed,
   RESUME_EVENT,
-  WatchError,
   tapPusher,
+  type FeedHandlers,
+  type FeedResume,
+  type Pusher,
+  type RawMessage,
+} from "./feed.js";
+export {
+  WatchError,
   watchSession,
   watchSessionSse,
   type ConnectionState,

@@ -9,7 +9,8 @@
 
 import * as PusherModule from "pusher-js";
 import type { AgentEventEnvelope } from "./envelope.js";
-import { formatPosition, isReplay, parsePosition } from "./position.js";
+import { ChannelFeed, RESUME_EVENT, type Pusher } from "./feed.js";
+import { parsePosition } from "./position.js";
 import {
   TERMINAL,
   applySnapshot,
@@ -21,25 +22,10 @@ import {
   type StateSnapshot,
 } from "./run.js";
 
-/** The part of a pusher-js client this module uses. */
-export interface Pusher {
-  connection: {
-    state: string;
-    bind(event: string, callback: (data: any) => void): void;
-    unbind(event: string, callback?: (data: any) => void): void;
-  };
-  subscribe(channel: string): { bind(event: string, callback: (data: any) => void): void };
-  unsubscribe(channel: string): void;
-  send_event(name: string, data: unknown, channel?: string): boolean;
-  disconnect(): void;
-}
-
 type PusherConstructor = new (key: string, options: Record<string, unknown>) => Pusher;
 const PusherClass = ((PusherModule as unknown as { default?: PusherConstructor }).default ??
   PusherModule) as unknown as PusherConstructor;
 
-export const RESUME_EVENT = "broadcaster:resume";
-const PROBE_EPOCH = "start";
 
 /**
  * "connecting": not yet subscribed. "live": following the run. "reconnecting": the
@@ -284,59 +270,6 @@ function tokenHeaders(token: string | null | undefined): Record<string, string> 
   return token ? { Authorization: `Bearer ${token}` } : {};
 }
 
-interface RawMessage {
-  event?: unknown;
-  channel?: unknown;
-  data?: unknown;
-  position?: unknown;
-}
-
-interface Transport {
-  bind(event: string, callback: (message: { data?: unknown }) => void): void;
-  unbind(event: string, callback: (message: { data?: unknown }) => void): void;
-}
-
-/**
- * Call `listener` with every raw server frame, parsed, before it loses the fields
- * pusher-js does not know (our `position` is one): it listens on the socket transport
- * of each connection pusher-js makes.
- */
-export function tapPusher(pusher: Pusher, listener: (message: RawMessage) => void): () => void {
-  let bound: Transport | null = null;
-  const onMessage = (event: { data?: unknown }): void => {
-    if (typeof event.data !== "string") return;
-    let message: RawMessage;
-    try {
-      message = JSON.parse(event.data) as RawMessage;
-    } catch {
-      return;
-    }
-    if (!message || typeof message !== "object") return;
-    if (typeof message.data === "string") {
-      try {
-        message.data = JSON.parse(message.data);
-      } catch {
-        // data that is not JSON stays a string
-      }
-    }
-    listener(message);
-  };
-  const attach = (): void => {
-    const manager = pusher.connection as unknown as { connection?: { transport?: Transport } | null };
-    const transport = manager.connection?.transport ?? null;
-    if (!transport || transport === bound) return;
-    bound?.unbind("message", onMessage);
-    transport.bind("message", onMessage);
-    bound = transport;
-  };
-  pusher.connection.bind("connected", attach);
-  attach();
-  return () => {
-    pusher.connection.unbind("connected", attach);
-    bound?.unbind("message", onMessage);
-  };
-}
-
 async function appKey(options: WatchOptions, fetcher: typeof fetch): Promise<string> {
   if (options.key) return options.key;
   const base = baseUrl(options.url);
@@ -394,103 +327,39 @@ export function watchSession(options: WatchOptions): SessionWatch {
   const fetcher = options.fetch ?? (globalThis.fetch ? globalThis.fetch.bind(globalThis) : null);
   const watch = new Watch(options.sessionId, stateUrlOf(options), tokenHeaders(options.token), fetcher);
   const channelName = `${options.token ? "private-" : ""}agent.${options.sessionId}`;
-  let last = parsePosition(options.since ?? null);
-  let fromStart = last !== null;
-  let accepting = false;
-  let missed = 0;
+  let feed: ChannelFeed | null = null;
   let everLive = false;
-  let pusher: Pusher | null = null;
-  let owned = false;
-  let untap = (): void => {};
-  let original: Pusher["send_event"] | null = null;
-
-  const position = (): string => (last ? formatPosition(last) : `${PROBE_EPOCH}:0`);
-
-  const onMessage = (message: RawMessage): void => {
-    if (message.channel !== channelName) return;
-    const event = message.event;
-    if (event === "pusher_internal:subscription_succeeded") {
-      accepting = true;
-      return;
-    }
-    if (event === RESUME_EVENT) {
-      onResume((message.data ?? {}) as { recovered?: boolean; position?: string | null; reason?: string });
-      return;
-    }
-    if (!accepting || typeof event !== "string" || !event.startsWith("agent.")) return;
-    const at = typeof message.position === "string" ? message.position : null;
-    if (at && last && isReplay(formatPosition(last), at)) return;
-    const parsed = parsePosition(at);
-    if (parsed) last = parsed;
-    missed += 1;
-    watch.envelope(message.data as AgentEventEnvelope, at);
-  };
-
-  const onResume = (answer: { recovered?: boolean; position?: string | null; reason?: string }): void => {
-    const current = parsePosition(answer.position ?? null);
-    if (!last) {
-      // The answer to the probe (no since): replay what the channel already holds.
-      if (current && current.offset > 0) {
-        last = { epoch: current.epoch, offset: 0 };
-        fromStart = true;
-        resubscribe();
-        return;
-      }
-      if (current) last = current;
-      watch.resumed({ recovered: current !== null, position: answer.position ?? null, reason: answer.reason ?? null, missed: 0 }, false);
-      return;
-    }
-    const afterDrop = everLive && !fromStart;
-    fromStart = false;
-    if (!answer.recovered && current) last = current;
-    everLive = true;
-    watch.resumed({ recovered: Boolean(answer.recovered), position: answer.position ?? null, reason: answer.reason ?? null, missed }, afterDrop);
-  };
-
-  const subscribe = (client: Pusher): void => {
-    const channel = client.subscribe(channelName);
-    channel.bind("pusher:subscription_error", (status: { error?: string; status?: number } | undefined) => {
-      const detail = status?.error ?? status?.status ?? "refused";
-      watch.fail(`subscription to ${channelName} refused: ${String(detail)}`);
-    });
-  };
-
-  const resubscribe = (): void => {
-    if (!pusher) return;
-    accepting = false;
-    pusher.unsubscribe(channelName);
-    subscribe(pusher);
-  };
+  let owned: Pusher | null = null;
 
   const start = (client: Pusher): void => {
-    pusher = client;
-    original = client.send_event;
-    const send = client.send_event.bind(client);
-    client.send_event = (name: string, data: unknown, channel?: string): boolean => {
-      const payload = data as { channel?: string } | null;
-      if (name === "pusher:subscribe" && payload && payload.channel === channelName) {
-        data = { ...payload, position: position() };
-        watch.awaitingAnswer = true;
-        accepting = false;
-        missed = 0;
-      }
-      return send(name, data, channel);
-    };
-    untap = tapPusher(client, onMessage);
+    feed = new ChannelFeed(
+      client,
+      channelName,
+      {
+        onEnvelope: (envelope, position) => watch.envelope(envelope, position),
+        onSubscribe: () => {
+          watch.awaitingAnswer = true;
+        },
+        onResume: (result) => {
+          everLive = true;
+          // A channel never published to is an unknown session, unless a state is stored.
+          const recovered = result.recovered && !result.empty;
+          watch.resumed({ recovered, position: result.position, reason: result.reason, missed: result.missed }, !result.initial);
+        },
+        onProblem: (message) => watch.fail(message),
+      },
+      options.since ?? null,
+    );
     client.connection.bind("state_change", ({ current }: { current: string }) => {
       if (current === "connected") return;
       if (current === "failed") watch.fail("the server cannot be reached over WebSockets");
       else watch.dropped();
     });
-    subscribe(client);
   };
 
   watch.onClose = () => {
-    untap();
-    if (!pusher) return;
-    pusher.unsubscribe(channelName);
-    if (original) pusher.send_event = original;
-    if (owned) pusher.disconnect();
+    feed?.close();
+    owned?.disconnect();
   };
 
   if (options.pusher) {
@@ -500,8 +369,8 @@ export function watchSession(options: WatchOptions): SessionWatch {
     appKey(options, fetcher2)
       .then((key) => {
         if (watch.current.state !== "connecting") return;
-        owned = true;
         const client = makePusher(options, key, fetcher2);
+        owned = client;
         // A server that never answers is "unavailable" after pusher-js' timeouts.
         client.connection.bind("unavailable", () => {
           if (!everLive) watch.fail(`cannot connect to ${options.url}`);
