@@ -229,8 +229,11 @@ def _apply_status(run: RunView, payload: dict[str, Any], at: str | None) -> None
             _usage(payload["usage"]) if payload.get("usage") is not None else None
         )
     else:
-        # A later run of the session (in_progress again) keeps the clock going.
-        run["ended_at"] = None
+        # A later run of the session (in_progress again) keeps the clock going, and the
+        # last run's outcome no longer applies.
+        run.update(
+            ended_at=None, stop_reason=None, error=None, last_response=None, reported_usage=None
+        )
 
 
 def _apply_stage(step: dict[str, Any], started: bool, payload: dict[str, Any]) -> None:

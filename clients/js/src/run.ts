@@ -207,8 +207,13 @@ function applyStatus(run: RunView, payload: StatusPayload, at: string | null): v
     run.last_response = payload.last_response ?? null;
     run.reported_usage = payload.usage ? usageOf(payload.usage) : null;
   } else {
-    // A later run of the session (in_progress again) keeps the clock going.
+    // A later run of the session (in_progress again) keeps the clock going, and the
+    // last run's outcome no longer applies.
     run.ended_at = null;
+    run.stop_reason = null;
+    run.error = null;
+    run.last_response = null;
+    run.reported_usage = null;
   }
 }
 

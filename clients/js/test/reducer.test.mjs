@@ -100,3 +100,10 @@ test("reconcile finds nothing on a faithful run and names each difference", () =
   assert.equal(filled.from_snapshot, true);
   assert.equal(filled.steps[0].from_snapshot, true);
 });
+
+test("a later run of the session clears the last run's outcome", () => {
+  const next = fold([[env("agent.status", { status: "in_progress" }), "e:13"]], fold(RUN));
+  assert.equal(next.status, "in_progress");
+  assert.deepEqual([next.stop_reason, next.error, next.last_response, next.reported_usage, next.ended_at], [null, null, null, null, null]);
+  assert.equal(next.steps.length, 2, "the earlier steps stay");
+});
