@@ -8,11 +8,14 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
+from broadcaster.cli import main
 from broadcaster.client import (
     InvalidPosition,
     Resume,
@@ -163,14 +166,30 @@ async def test_a_server_that_is_not_there_is_an_error_not_a_hang() -> None:
 # --- agent-broadcaster tail -------------------------------------------------------------
 
 
-def tail(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "broadcaster", "tail", *args],
+@dataclass
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def tail(*args: str) -> Done:
+    """``agent-broadcaster tail`` in this process (click's runner: the exit status it
+    would give, and what it printed)."""
+    result = CliRunner().invoke(main, ["tail", *args], catch_exceptions=False)
+    return Done(result.exit_code, result.stdout, result.stderr)
+
+
+def test_tail_in_a_real_process_exits_2_for_an_unknown_session(demo: ServerProcess) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "broadcaster", "tail", "never-ran", "--url", demo.url],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=60,
     )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "unknown session 'never-ran'" in done.stderr
 
 
 async def test_tail_traces_a_completed_run_and_exits_0(demo: ServerProcess) -> None:
