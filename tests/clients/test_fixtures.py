@@ -41,6 +41,7 @@ def test_every_kind_of_run_is_recorded() -> None:
     assert {
         "completed",
         "failed-last-step",
+        "second-run",
         "routed",
         "resumed-across-gap",
         "replay-overlap",
