@@ -28,7 +28,7 @@ from broadcaster.client import (
     reduce_run,
     watch_session,
 )
-from tests.support.processes import REPO, ServerProcess
+from tests.support.processes import REPO, ServerFactory, ServerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -261,3 +261,24 @@ async def test_tail_exits_2_with_a_clear_message_when_it_cannot_follow(
     done = await asyncio.to_thread(tail, *args)
     assert done.returncode == 2, done.stdout + done.stderr
     assert message in done.stderr.replace("\n", " ")
+
+
+async def test_a_private_session_is_followed_with_its_token(
+    server_factory: ServerFactory,
+) -> None:
+    server = server_factory("--demo", env={"AGENT_DEMO_PRIVATE_SESSIONS": "true"})
+    run = await start_run(server.url)
+    token = run["auth"]["token"]
+    assert run["channel"].startswith("private-")
+    view, _ = await follow(server.url, run["session_id"], since=run["position"], token=token)
+    assert view["status"] == "completed"
+    async with httpx.AsyncClient() as http:
+        response = await http.get(
+            f"{server.url}/api/sessions/{run['session_id']}/state",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+    assert reconcile(view, response.json()) == []
+    async with asyncio.timeout(20):
+        with pytest.raises(SessionRefused, match="private"):
+            async for _ in watch_session(server.url, run["session_id"]):
+                pass

@@ -14,10 +14,10 @@ function python() {
 }
 
 /** Start a demo server; resolves {url, stop, kill} once it answers GET /up. */
-export async function startServer(args = ["--demo"]) {
+export async function startServer(args = ["--demo"], env = {}) {
   const child = spawn(python(), ["-m", "broadcaster", "serve", "--port", "0", ...args], {
     cwd: REPO,
-    env: { ...process.env, PYTHONUNBUFFERED: "1" },
+    env: { ...process.env, PYTHONUNBUFFERED: "1", ...env },
     stdio: ["ignore", "pipe", "pipe"],
   });
   let log = "";

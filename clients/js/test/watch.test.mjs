@@ -111,3 +111,20 @@ test("a server that is not there ends the watch failed", async () => {
   assert.equal(end.state, "failed");
   assert.match(end.error, /cannot connect/);
 });
+
+test("a private session is followed with its token, and refused without it", async () => {
+  const privateServer = await startServer(["--demo"], { AGENT_DEMO_PRIVATE_SESSIONS: "true" });
+  try {
+    const run = await startRun(privateServer.url, { input: "What is the weather in Oslo?" });
+    assert.ok(run.channel.startsWith("private-"));
+    const end = await watchSession({ url: privateServer.url, sessionId: run.session_id, since: run.position, token: run.auth.token }).done;
+    assert.equal(end.state, "ended", end.error ?? "");
+    assert.equal(end.view.status, "completed");
+    assert.deepEqual(end.differences, []);
+    const refused = await watchSession({ url: privateServer.url, sessionId: run.session_id }).done;
+    assert.equal(refused.state, "failed");
+    assert.match(refused.error, /private/);
+  } finally {
+    await privateServer.stop();
+  }
+});
