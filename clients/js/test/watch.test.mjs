@@ -128,3 +128,17 @@ test("a private session is followed with its token, and refused without it", asy
     await privateServer.stop();
   }
 });
+
+test("a gap the server cannot fill is told: reloaded from the stored state, steps marked", async () => {
+  const run = await startRun(server.url, { input: "What is the weather in Oslo?" });
+  await watchSession({ url: server.url, sessionId: run.session_id, since: run.position }).done;
+  const watch = watchSession({ url: server.url, sessionId: run.session_id, since: "another-epoch:3" });
+  const states = [];
+  watch.subscribe((status) => states.push(status.state));
+  const end = await watch.done;
+  assert.deepEqual(end.resumes.map((r) => r.recovered), [false]);
+  assert.ok(states.includes("reloaded"), states.join(" "));
+  assert.equal(end.view.from_snapshot, true);
+  assert.ok(end.view.steps.every((step) => step.from_snapshot));
+  assert.equal(end.view.status, "completed");
+});
