@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +90,30 @@ def serve(**options: Any) -> None:
     from broadcaster.server import serve as run
 
     run(settings)
+
+
+@main.command()
+@click.argument("session_id")
+@click.option(
+    "--url",
+    default="http://127.0.0.1:8080",
+    show_default=True,
+    envvar="BROADCASTER_URL",
+    help="The server's base URL [env BROADCASTER_URL].",
+)
+@click.option("--since", help="Start after this position (<epoch>:<offset>, as POST /run gives).")
+@click.option("--token", envvar="BROADCASTER_SESSION_TOKEN", help="A private session's token.")
+@click.option("--key", help="App key [env BROADCASTER_APP_KEY; else the demo's /api/demo/config].")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line instead of a trace.")
+def tail(
+    session_id: str,
+    url: str,
+    since: str | None,
+    token: str | None,
+    key: str | None,
+    as_json: bool,
+) -> None:
+    """Follow a session's run live: exit 0 completed, 1 failed, 2 could not follow."""
+    from broadcaster._tail import tail as follow
+
+    sys.exit(follow(url, session_id, since=since, token=token, key=key, as_json=as_json))

@@ -1,15 +1,19 @@
 // The live agent dashboard: start a run (POST /run) or attach to a session, follow its
 // envelopes on agent.<session> with pusher-js, resume after drops, reconcile at the end.
 //
-// No framework and no build step: ES modules served as they are, pusher-js vendored in
-// vendor/ (see vendor/README.md).
+// No framework and no build step: ES modules served as they are, pusher-js and the
+// client kit (@agent-broadcaster/client: the feed with resume by position, the run
+// reducer, reconcile) vendored in vendor/ (see vendor/README.md).
 
-import { ChannelFeed } from "./js/feed.js";
-import { applyEnvelope, createRun, fillFromSnapshot, reconcile, TERMINAL } from "./js/run-model.js";
+import {
+  ChannelFeed,
+  applySnapshot,
+  createRunView,
+  reconcile,
+  reduceRun,
+} from "./vendor/agent-broadcaster-client/index.js";
+import { pageRun, TERMINAL } from "./js/run-model.js";
 import { DashboardView } from "./js/view.js";
-import { installTap } from "./js/wire-tap.js";
-
-installTap(); // before pusher-js opens its first socket
 
 const view = new DashboardView();
 const SESSION_HASH = /(?:^#|&)session=([^&]+)/;
@@ -19,7 +23,8 @@ const app = {
   pusher: null,
   everConnected: false,
   feed: null,
-  run: null,
+  follow: null, // the session followed now: {sessionId, channel, view} (view: the kit's RunView)
+  run: null, // what the page renders: pageRun(follow.view)
   auth: null, // {endpoint, token} for a private session, from POST /run
   reconcileResult: null,
   reconcileTicket: 0, // the latest reconcile; an older snapshot answer is dropped
@@ -30,6 +35,7 @@ const app = {
 // A small read-only hook for debugging in the console (and for tests' diagnostics).
 window.dashboard = {
   get run() { return app.run; },
+  get view() { return app.follow?.view ?? null; },
   get position() { return app.feed?.position ?? null; },
   get positions() { return [...app.positions]; },
   get resumes() { return [...app.resumes]; },
@@ -163,7 +169,9 @@ function showConnection(state) {
 
 function follow(sessionId, channelName, from = null) {
   if (app.feed) app.feed.close();
-  app.run = createRun(sessionId, channelName);
+  const followed = { sessionId, channel: channelName, view: createRunView(sessionId) };
+  app.follow = followed;
+  app.run = pageRun(followed.view, channelName);
   app.positions = [];
   app.resumes = [];
   app.reconcileResult = null;
@@ -171,25 +179,32 @@ function follow(sessionId, channelName, from = null) {
   view.history("none", "");
   history.replaceState(null, "", `#session=${encodeURIComponent(sessionId)}`); // reload re-attaches
   const pusher = connect();
-  const run = app.run;
   app.feed = new ChannelFeed(pusher, channelName, {
-    onEnvelope: (envelope, position) => onEnvelope(run, envelope, position),
-    onResume: (result) => onResume(run, result),
+    onEnvelope: (envelope, position) => onEnvelope(followed, envelope, position),
+    onResume: (result) => onResume(followed, result),
     onProblem: (message) => view.formError(message),
   }, from);
   scheduleRender();
 }
 
-function onEnvelope(run, envelope, position) {
-  if (run !== app.run) return;
-  if (!applyEnvelope(run, envelope)) return;
+/** Replace the followed run's view (and the page's run built from it). */
+function setView(followed, next) {
+  followed.view = next;
+  if (followed === app.follow) app.run = pageRun(next, followed.channel);
+}
+
+function onEnvelope(followed, envelope, position) {
+  if (followed !== app.follow) return;
+  const next = reduceRun(followed.view, envelope, position);
+  if (next === followed.view) return; // not an agent envelope, or one already applied
+  setView(followed, next);
   app.positions.push(position);
   view.logEvent(envelope, position);
   scheduleRender();
   if (envelope.type !== "agent.status") return;
   if (TERMINAL.has(envelope.payload.status)) {
     if (envelope.payload.state_url) {
-      reconcileWithSnapshot(run, envelope.payload.state_url);
+      reconcileWithSnapshot(followed, envelope.payload.state_url);
     } else {
       // Nothing was stored for this run: the session's state is an earlier run's.
       app.reconcileTicket += 1;
@@ -204,8 +219,8 @@ function onEnvelope(run, envelope, position) {
   }
 }
 
-function onResume(run, result) {
-  if (run !== app.run) return;
+function onResume(followed, result) {
+  if (followed !== app.follow) return;
   app.resumes.push(result);
   const missed = `${result.missed} ${result.missed === 1 ? "event" : "events"}`;
   if (result.recovered && result.initial) {
@@ -214,12 +229,12 @@ function onResume(run, result) {
     view.history("recovered", `history recovered (${missed} missed)`);
   } else {
     view.history("lost", "history not recovered — loading the snapshot");
-    recoverFromSnapshot(run);
+    recoverFromSnapshot(followed);
   }
 }
 
-async function fetchSnapshot(run, url) {
-  const target = url || `/api/sessions/${encodeURIComponent(run.sessionId)}/state`;
+async function fetchSnapshot(followed, url) {
+  const target = url || `/api/sessions/${encodeURIComponent(followed.sessionId)}/state`;
   const headers = { Accept: "application/json" };
   // A private session's state is served only to the holder of its token.
   if (app.auth?.token) headers.Authorization = `Bearer ${app.auth.token}`;
@@ -232,27 +247,27 @@ async function fetchSnapshot(run, url) {
   return body;
 }
 
-async function recoverFromSnapshot(run) {
+async function recoverFromSnapshot(followed) {
   try {
-    const snapshot = await fetchSnapshot(run, run.stateUrl);
-    if (run !== app.run) return;
-    fillFromSnapshot(run, snapshot);
+    const snapshot = await fetchSnapshot(followed, followed.view.state_url);
+    if (followed !== app.follow) return;
+    setView(followed, applySnapshot(followed.view, snapshot));
     view.history("lost", "history not recovered — filled from the snapshot");
     scheduleRender();
-    if (TERMINAL.has(snapshot.status)) showReconcile(run, snapshot);
+    if (TERMINAL.has(snapshot.status)) showReconcile(followed, snapshot);
   } catch (error) {
-    if (run === app.run) view.history("lost", "history not recovered, no snapshot", error.message);
+    if (followed === app.follow) view.history("lost", "history not recovered, no snapshot", error.message);
   }
 }
 
-async function reconcileWithSnapshot(run, url) {
+async function reconcileWithSnapshot(followed, url) {
   const ticket = ++app.reconcileTicket;
-  const current = () => run === app.run && ticket === app.reconcileTicket;
+  const current = () => followed === app.follow && ticket === app.reconcileTicket;
   app.reconcileResult = { state: "checking" };
   view.reconcile(app.reconcileResult);
   try {
-    const snapshot = await fetchSnapshot(run, url);
-    if (current()) showReconcile(run, snapshot);
+    const snapshot = await fetchSnapshot(followed, url);
+    if (current()) showReconcile(followed, snapshot);
   } catch (error) {
     if (!current()) return;
     app.reconcileResult = { state: "error", message: error.message };
@@ -260,10 +275,10 @@ async function reconcileWithSnapshot(run, url) {
   }
 }
 
-function showReconcile(run, snapshot) {
-  view.render(run);
-  const differences = reconcile(run, snapshot);
-  const note = run.fromSnapshot
+function showReconcile(followed, snapshot) {
+  view.render(app.run);
+  const differences = reconcile(followed.view, snapshot);
+  const note = followed.view.from_snapshot
     ? "Some steps were filled from the snapshot because their events were lost."
     : undefined;
   app.reconcileResult = differences.length
@@ -310,7 +325,7 @@ async function startRun(event) {
     }
     app.auth = body.auth || null;
     follow(body.session_id, body.channel || channelFor(body.session_id), body.position ?? null);
-    if (body.state_url) app.run.stateUrl = body.state_url;
+    if (body.state_url) setView(app.follow, { ...app.follow.view, state_url: body.state_url });
     document.getElementById("attach-input").value = body.session_id;
   } catch (error) {
     view.formError(`Could not start the run: ${error.message}`);

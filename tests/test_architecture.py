@@ -116,3 +116,22 @@ def test_the_rule_covers_the_whole_tree() -> None:
         "agent_core.adapters.broadcasting",
         "agent_core.app.agui",
     } <= names
+
+
+CLIENT_MODULES = ("broadcaster.client", "broadcaster._tail")
+"""What a frontend's or a script's Python uses to follow a run (no server parts)."""
+
+SERVER_CORE = ("broadcaster.node", "broadcaster.hub", "broadcaster.connection", "starlette")
+
+
+def test_the_python_client_imports_none_of_the_server() -> None:
+    """broadcaster.client and the tail command run where no server is: they may use
+    websockets' client and httpx, never the node, hub, connections or Starlette."""
+    found = [
+        f"{module} -> {name}"
+        for module, source in modules("broadcaster")
+        if module in CLIENT_MODULES
+        for name in imported(source, module)
+        if any(name == core or name.startswith(core + ".") for core in SERVER_CORE)
+    ]
+    assert found == []

@@ -1,5 +1,6 @@
 // Capability routing as the page knows it: which capability ran in a step
-// and why. Pure data and functions (no DOM), like run-model.js.
+// and why. Pure data and functions (no DOM), like run-model.js; the client kit keeps
+// the phases of each step apart from its tools (RunView step.routing).
 //
 // A routed run's phases arrive as tool pairs with reserved names (see
 // agent_core/adapters/orchestration_broadcasting.py); they explain the step rather than being
@@ -11,13 +12,6 @@
 //                         result "done[ · final output: …]" | "continue → <cap>(<args>)",
 //                         success false with the decider's error
 // The capability itself is the step's actor (agent.step.started) and a tool pair.
-
-export const STAGES = new Set(["reference_resolver", "intent_classifier", "continuation_decider"]);
-
-/** Whether a tool envelope's name is a routing phase rather than a tool. */
-export function isStage(name) {
-  return STAGES.has(name);
-}
 
 /** {capability, confidence, reason} from the classifier's result summary. */
 export function parseIntent(summary) {
@@ -40,31 +34,6 @@ export function parseVerdict(decider) {
   }
   const text = decider.resultSummary ?? "";
   return { verdict: text.startsWith("continue") ? "continue" : "done", text };
-}
-
-function stageOf(step, name) {
-  step.routing ??= {};
-  step.routing[name] ??= {};
-  return step.routing[name];
-}
-
-/** Apply an agent.tool.started / agent.tool.completed of a routing phase to `step`. */
-export function applyStage(step, type, payload) {
-  const stage = stageOf(step, payload.tool_name);
-  stage.id = payload.tool_call_id;
-  if (type === "agent.tool.started") {
-    stage.arguments = payload.arguments ?? null;
-    stage.argsSummary = payload.args_summary ?? "";
-    stage.state ??= "running";
-    return;
-  }
-  Object.assign(stage, {
-    state: "done",
-    success: payload.success,
-    error: payload.error ?? null,
-    durationMs: payload.duration_ms,
-    resultSummary: payload.result_summary ?? null,
-  });
 }
 
 /**

@@ -12,6 +12,7 @@ from tests.support.processes import REPO, ServerProcess
 
 FRONTEND = REPO / "frontend-demo"
 VENDORED = FRONTEND / "vendor" / "pusher.min.js"
+KIT = FRONTEND / "vendor" / "agent-broadcaster-client"
 
 
 def _pinned_version() -> str:
@@ -46,7 +47,8 @@ def test_the_vendored_copy_is_byte_for_byte_the_npm_package_file() -> None:
 
 
 def test_the_page_loads_nothing_from_other_hosts() -> None:
-    for path in [FRONTEND / "index.html", FRONTEND / "app.js", *FRONTEND.glob("js/*.js")]:
+    pages = [FRONTEND / "index.html", FRONTEND / "app.js", *FRONTEND.glob("js/*.js")]
+    for path in [*pages, *KIT.glob("*.js")]:
         text = path.read_text()
         remote = re.findall(r"""(?:src|href|import[^"']*from)\s*=?\s*["'](?:https?:)?//""", text)
         assert not remote, f"{path.name} loads from another host: {remote}"
@@ -60,8 +62,14 @@ def test_the_demo_serves_the_page_and_every_asset_it_references(
     assets = re.findall(r'(?:src|href)="(/demo/[^"]+)"', index.text)
     assert "/demo/app.js" in assets, assets
     assert "/demo/vendor/pusher.min.js" in assets, assets
-    modules = ["/demo/js/feed.js", "/demo/js/run-model.js", "/demo/js/view.js"]
-    for path in [*assets, *modules, "/demo/js/wire-tap.js"]:
+    modules = [
+        "/demo/js/run-model.js",
+        "/demo/js/view.js",
+        "/demo/js/pusher-global.js",
+        *(f"/demo/vendor/agent-broadcaster-client/{p.name}" for p in KIT.glob("*.js")),
+    ]
+    assert "/demo/vendor/agent-broadcaster-client/index.js" in modules
+    for path in [*assets, *modules]:
         response = httpx.get(f"{demo_server.url}{path}", timeout=5)
         assert response.status_code == 200, path
         if path.endswith(".js"):

@@ -1,0 +1,221 @@
+"""``agent-broadcaster tail``: follow one session's run in the terminal.
+
+A live, coloured trace (rich): steps, tool calls, streamed text, each continuation
+decision with every criterion, the final status and the reconcile verdict. With
+``--json`` one JSON object a line instead (each envelope with its position, then the
+result). The exit status lets a script or a CI job wait on a run: 0 completed, 1
+failed, 2 could not follow (server unreachable, unknown session, refused token, bad
+``since``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.markup import escape
+
+from broadcaster.client import (
+    TERMINAL,
+    Resume,
+    RunView,
+    WatchError,
+    apply_snapshot,
+    create_run_view,
+    fetch_state,
+    reconcile,
+    reduce_run,
+    watch_session,
+)
+
+__all__ = ["EXIT_COMPLETED", "EXIT_FAILED", "EXIT_UNREACHABLE", "tail"]
+
+EXIT_COMPLETED = 0
+EXIT_FAILED = 1
+EXIT_UNREACHABLE = 2
+
+
+def _ms(value: Any) -> str:
+    number = float(value or 0)
+    return f"{number:.1f} ms" if number < 10 else f"{number:.0f} ms"
+
+
+class _Trace:
+    """Prints envelopes as they come, with rich markup."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.in_text = False
+
+    def line(self, markup: str) -> None:
+        if self.in_text:
+            self.console.print()
+            self.in_text = False
+        self.console.print(markup, highlight=False)
+
+    def envelope(self, envelope: dict[str, Any]) -> None:
+        kind, payload = envelope.get("type"), envelope.get("payload") or {}
+        if kind == "agent.stream.chunk":
+            self.console.print(escape(str(payload.get("chunk", ""))), end="", highlight=False)
+            self.in_text = True
+            return
+        handler = getattr(self, "_" + str(kind).replace(".", "_"), None)
+        if handler is not None:
+            handler(payload)
+
+    def _agent_status(self, payload: dict[str, Any]) -> None:
+        status = payload.get("status")
+        if status == "in_progress":
+            self.line("[bold blue]● run started[/]")
+
+    def _agent_step_started(self, payload: dict[str, Any]) -> None:
+        actor = f" [magenta]{escape(str(payload['actor']))}[/]" if payload.get("actor") else ""
+        self.line(f"[bold]── step {payload.get('step_number')}[/]{actor}")
+
+    def _agent_tool_started(self, payload: dict[str, Any]) -> None:
+        name, args = payload.get("tool_name"), payload.get("args_summary") or ""
+        self.line(f"  [cyan]⚙ {escape(str(name))}[/]({escape(str(args))})")
+
+    def _agent_tool_completed(self, payload: dict[str, Any]) -> None:
+        name, ms = escape(str(payload.get("tool_name"))), _ms(payload.get("duration_ms"))
+        if payload.get("success"):
+            result = escape(str(payload.get("result_summary") or ""))
+            self.line(f"  [green]✓ {name}[/] → {result} [dim]({ms})[/]")
+        else:
+            self.line(f"  [red]✗ {name}: {escape(str(payload.get('error')))}[/] [dim]({ms})[/]")
+
+    def _agent_step_completed(self, payload: dict[str, Any]) -> None:
+        usage = payload.get("usage") or {}
+        self.line(
+            f"  [dim]step {payload.get('step_number')} done: "
+            f"{escape(str(payload.get('finish_reason')))}, {usage.get('total', 0)} tokens, "
+            f"{_ms(payload.get('duration_ms'))}[/]"
+        )
+
+    def _agent_continuation(self, payload: dict[str, Any]) -> None:
+        verdict = "[green]continue[/]" if payload.get("should_continue") else "[yellow]stop[/]"
+        reason = payload.get("stop_reason")
+        self.line(
+            f"  [yellow]↳ decision after step {payload.get('step_number')}:[/] {verdict}"
+            f"{f' ({escape(str(reason))})' if reason else ''}, resolved by "
+            f"[bold]{escape(str(payload.get('resolved_by')))}[/]"
+        )
+        for item in payload.get("evaluations") or []:
+            self.line(
+                f"    [dim]{escape(str(item.get('criterion')))}: {item.get('decision')} — "
+                f"{escape(str(item.get('reason')))}[/]"
+            )
+
+    def resume(self, resume: Resume) -> None:
+        if resume.recovered and resume.after_drop:
+            self.line(f"[blue]⟲ reconnected: resumed, {resume.missed} missed events replayed[/]")
+        elif not resume.recovered:
+            reason = escape(str(resume.reason or "history not kept"))
+            self.line(
+                f"[bold red]⚠ gap: the server could not replay the history ({reason}); "
+                "reloading the stored state[/]"
+            )
+
+    def result(self, view: RunView, differences: list[dict[str, Any]] | None, note: str) -> None:
+        status = view["status"]
+        colour = "green" if status == "completed" else "red"
+        detail = view.get("stop_reason") or ""
+        if view.get("error"):
+            detail = f"{detail}: {view['error']}" if detail else view["error"]
+        self.line(f"[bold {colour}]■ {status}[/]{f' ({escape(str(detail))})' if detail else ''}")
+        if differences is None:
+            self.line(f"[yellow]reconcile: not checked ({escape(note)})[/]")
+        elif not differences:
+            self.line("[green]reconcile: in sync with the stored state[/]")
+        else:
+            self.line(f"[red]reconcile: {len(differences)} differences from the stored state[/]")
+            for item in differences:
+                step = f" (step {item['step']})" if "step" in item else ""
+                self.line(
+                    f"  [red]{escape(item['field'])}{step}: events {escape(item['events'])!s} ≠ "
+                    f"state {escape(item['snapshot'])}[/]"
+                )
+
+
+async def _follow(
+    url: str,
+    session_id: str,
+    since: str | None,
+    token: str | None,
+    key: str | None,
+    as_json: bool,
+    out: TextIO,
+) -> int:
+    console = Console(file=out, highlight=False, soft_wrap=True)
+    trace = _Trace(console)
+
+    def emit(record: dict[str, Any]) -> None:
+        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        out.flush()
+
+    def on_resume(resume: Resume) -> None:
+        if as_json:
+            emit({"type": "broadcaster:resume", "data": resume.__dict__})
+        else:
+            trace.resume(resume)
+
+    watch = watch_session(url, session_id, since=since, token=token, key=key, on_resume=on_resume)
+    view = create_run_view(session_id)
+    async with watch:
+        async for envelope in watch:
+            view = reduce_run(view, envelope, watch.position)
+            if as_json:
+                emit({"position": watch.position, "envelope": envelope})
+            else:
+                trace.envelope(envelope)
+    snapshot, note = watch.snapshot, ""
+    if snapshot is not None:
+        view = apply_snapshot(view, snapshot)
+    if view["status"] in TERMINAL:
+        try:
+            snapshot = await fetch_state(url, session_id, token)
+        except WatchError as exc:
+            note = str(exc)
+    differences = reconcile(view, snapshot) if snapshot is not None else None
+    if snapshot is None and not note:
+        note = "no stored state for this run"
+    if as_json:
+        emit(
+            {
+                "type": "tail.result",
+                "status": view["status"],
+                "differences": differences,
+                "resumes": [r.__dict__ for r in watch.resumes],
+                "note": note or None,
+            }
+        )
+    else:
+        trace.result(view, differences, note)
+    return EXIT_COMPLETED if view["status"] == "completed" else EXIT_FAILED
+
+
+def tail(
+    url: str,
+    session_id: str,
+    *,
+    since: str | None = None,
+    token: str | None = None,
+    key: str | None = None,
+    as_json: bool = False,
+    out: TextIO | None = None,
+) -> int:
+    """Follow the run and print it; returns the exit status (0, 1 or 2)."""
+    stream = out or sys.stdout
+    try:
+        return asyncio.run(_follow(url, session_id, since, token, key, as_json, stream))
+    except WatchError as exc:
+        if as_json:
+            stream.write(json.dumps({"type": "tail.error", "error": str(exc)}) + "\n")
+        else:
+            Console(file=sys.stderr, highlight=False).print(
+                f"[bold red]agent-broadcaster tail: {escape(str(exc))}[/]"
+            )
+        return EXIT_UNREACHABLE

@@ -1,0 +1,23 @@
+// Built from clients/js (@agent-broadcaster/client) by `npm run build && npm run vendor`; do not edit.
+// Positions: where a publication sits in its channel's history, "<epoch>:<offset>"
+// (docs/protocol.md, "Resume"). The epoch may itself contain ":".
+/** Parse "<epoch>:<offset>"; null when `text` is not a position. */
+export function parsePosition(text) {
+    if (typeof text !== "string")
+        return null;
+    const cut = text.lastIndexOf(":");
+    const digits = text.slice(cut + 1);
+    if (cut <= 0 || !/^\d+$/.test(digits))
+        return null;
+    return { epoch: text.slice(0, cut), offset: Number(digits) };
+}
+/** The wire form of `position`. */
+export function formatPosition(position) {
+    return `${position.epoch}:${position.offset}`;
+}
+/** Whether `next` is already covered by `last` (same epoch, not after it). */
+export function isReplay(last, next) {
+    const a = parsePosition(last);
+    const b = parsePosition(next);
+    return a !== null && b !== null && a.epoch === b.epoch && b.offset <= a.offset;
+}
