@@ -297,6 +297,11 @@ class TracingPublisher:
             self.tracer.stats.dropped += 1
         await self.publisher.broadcast(channel, envelope)
 
+    async def flush(self, within: float | None = None) -> bool:
+        """Wait until the publisher delivered its buffer (True at once when it has none)."""
+        flush = getattr(self.publisher, "flush", None)
+        return True if flush is None else bool(await flush(within))
+
     async def aclose(self) -> None:
         """Close the publisher and end what the tracer still has open."""
         await self.tracer.aclose()

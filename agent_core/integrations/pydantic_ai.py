@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pydantic_ai import Agent
+from pydantic_ai.exceptions import UsageLimitExceeded
 from pydantic_ai.messages import (
     FunctionToolCallEvent,
     FunctionToolResultEvent,
@@ -71,7 +72,11 @@ async def broadcast_pydantic_ai(
         pydantic-ai's run result.
 
     Raises:
-        Whatever the run raises, after the final ``failed`` status was published.
+        Whatever the run raises, after the final status was published and the
+        publisher flushed: ``failed`` / ``error``, except for ``UsageLimitExceeded``,
+        which ends the run as ``agent_core``'s matching limit does (``completed`` /
+        ``steps_limit`` for ``request_limit``, ``token_limit`` for a tokens limit). A
+        tool that raised is reported ``success: false`` with the error.
     """
     run = FrameworkRun(
         publisher,
@@ -88,14 +93,15 @@ async def broadcast_pydantic_ai(
         async with agent.iter(prompt, **run_kwargs) as agent_run:
             async for node in agent_run:
                 if Agent.is_model_request_node(node):
-                    await run.step_started(
-                        tools=_tool_names(agent),
-                        message_count=len(agent_run.ctx.state.message_history),
-                    )
                     if stream:
+                        # Opened once the request is under way: a usage limit that
+                        # refuses it, as agent_core's step limit, starts no step.
                         async with node.stream(agent_run.ctx) as events:
+                            await _step_started(run, agent, agent_run)
                             async for event in events:
                                 await _on_model_event(run, event)
+                    else:
+                        await _step_started(run, agent, agent_run)
                 elif Agent.is_call_tools_node(node):
                     response = node.model_response
                     if not stream:
@@ -106,11 +112,25 @@ async def broadcast_pydantic_ai(
                     await _step_done(run, response)
         result = agent_run.result
         assert result is not None, "the run ended at its end node"
+    except UsageLimitExceeded as exc:
+        await run.limited(f"{type(exc).__name__}: {exc}", stop_reason=_limit(exc))
+        raise
     except BaseException as exc:
         await run.failed(f"{type(exc).__name__}: {exc}")
         raise
     await run.completed(result.output)
     return result
+
+
+def _limit(exc: UsageLimitExceeded) -> str:
+    """The ``agent_core`` limit matching pydantic-ai's ``UsageLimits`` one."""
+    return "token_limit" if "tokens_limit" in str(exc) else "steps_limit"
+
+
+async def _step_started(run: FrameworkRun, agent: Agent[Any, Any], agent_run: Any) -> None:
+    await run.step_started(
+        tools=_tool_names(agent), message_count=len(agent_run.ctx.state.message_history)
+    )
 
 
 async def _on_model_event(run: FrameworkRun, event: Any) -> None:

@@ -82,3 +82,37 @@ def weather_graph(answer: str = ANSWER) -> Any:
     builder.add_edge("tools", "agent")
     builder.add_edge("agent", END)
     return builder.compile(name="weather")
+
+
+@tool
+def broken_tool() -> str:
+    """Always fails."""
+    raise RuntimeError("boom")
+
+
+def broken_tool_graph(answer: str = ANSWER) -> Any:
+    """The agent asks for ``broken_tool``, which raises (LangGraph's ToolNode raises it
+    on by default)."""
+    model = ToolCallingFakeChatModel(
+        messages=iter(
+            [
+                AIMessage(
+                    content="",
+                    tool_calls=[{"name": "broken_tool", "args": {}, "id": "call_b1"}],
+                    usage_metadata={"input_tokens": 5, "output_tokens": 3, "total_tokens": 8},
+                ),
+                AIMessage(content=answer),
+            ]
+        )
+    )
+
+    async def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", ToolNode([broken_tool]))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return builder.compile(name="broken")

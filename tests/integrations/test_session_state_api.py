@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlencode
 
@@ -12,9 +13,12 @@ import httpx
 import orjson
 import pytest
 
+from broadcaster.envelope import channel_for
 from broadcaster.publishers import PusherHTTPPublisher
 from broadcaster.signing import signed_params
-from tests.support.live import APP_ID, KEY, SECRET, LiveServer, StartServer
+from tests.integrations.runs import ANSWER, CALL_IDS, QUESTION, RUNS
+from tests.integrations.test_frameworks import envelopes_on
+from tests.support.live import APP_ID, KEY, SECRET, Client, LiveServer, StartServer
 from tests.support.processes import RedisServer
 
 SNAPSHOT: dict[str, Any] = {
@@ -110,3 +114,34 @@ async def _unsigned(live: LiveServer, body: bytes) -> httpx.Response:
 
 def _with(**changes: Any) -> bytes:
     return orjson.dumps({**SNAPSHOT, **changes})
+
+
+@pytest.mark.parametrize("framework", sorted(RUNS))
+async def test_an_outside_run_is_stored_by_its_publisher_alone(
+    framework: str,
+    server: LiveServer,
+    clients: Callable[..., Awaitable[Client]],
+) -> None:
+    """No state store given: the publisher stores the snapshot on the server, before
+    the final status that names it, and the helper returns with everything delivered."""
+    session = f"own-{framework}"
+    watcher = await clients(server.app_url())
+    await watcher.subscribe(channel_for(session))
+    async with PusherHTTPPublisher(server.url, APP_ID, KEY, SECRET) as publisher:
+        await RUNS[framework](publisher, session)
+        assert publisher.stats.published > 0
+        assert not publisher._buffer, "delivered before the helper returned"
+    seen = await envelopes_on(watcher)
+    final = seen[-1]["payload"]
+    assert (final["status"], final["stop_reason"]) == ("completed", "completed")
+    assert final["state_url"] == f"/api/sessions/{session}/state"
+    state = (await state_of(server, session)).json()
+    assert (state["status"], state["step_count"]) == ("completed", final["step_count"])
+    assert state["messages"][0]["content"] == QUESTION
+    assert state["messages"][-1]["content"] == ANSWER
+    assert state["last_continuation"] == {
+        "should_continue": False,
+        "stop_reason": "completed",
+        "resolved_by": framework,
+    }
+    assert CALL_IDS[framework] in [c["id"] for s in state["steps"] for c in s["tool_calls"]]
