@@ -247,15 +247,22 @@ class BufferedPublisher(ABC):
         logger.warning("%s dropped %d publication(s): %s", type(self).__name__, count, why)
 
     async def _run(self) -> None:
-        while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            while self._buffer:
-                batch = [self._buffer[i] for i in range(min(self._max_batch, len(self._buffer)))]
-                await self._deliver(batch)
-                for _ in batch:
-                    self._buffer.popleft()
-            self._idle.set()
+        try:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                while self._buffer:
+                    size = min(self._max_batch, len(self._buffer))
+                    await self._deliver([self._buffer[i] for i in range(size)])
+                    for _ in range(size):
+                        self._buffer.popleft()
+                self._idle.set()
+        except asyncio.CancelledError:
+            # Cancelled by aclose(), or by asyncio.run() ending with the publisher never
+            # closed (the short form of the README's examples): what this publisher
+            # opened is released with the loop that used it, not left to the GC.
+            await self._release()
+            raise
 
     async def _deliver(self, batch: list[Outgoing]) -> None:
         try:

@@ -95,7 +95,8 @@ class FrameworkRun(EnvelopeEmitter):
         options: what to publish (see :class:`AdapterOptions`).
         state_store: where the final snapshot is stored (None: the publisher, when it
             is a :class:`~broadcaster.publishers.StateStore` itself, as the Pusher HTTP,
-            in-process and Redis publishers are; else it is not stored).
+            in-process and Redis publishers are, or the one it wraps, as
+            ``TracingPublisher`` does; else it is not stored).
         state_url: the URL put into the final ``agent.status`` when it was stored
             (default: the server's ``/api/sessions/{id}/state``).
         channel: publish here instead of ``agent.<session_id>``.
@@ -128,9 +129,7 @@ class FrameworkRun(EnvelopeEmitter):
         )
         self.framework = framework
         self.agent_id = agent_id
-        if state_store is None and isinstance(publisher, StateStore):
-            state_store = publisher
-        self.state_store = state_store
+        self.state_store = state_store if state_store is not None else _own_store(publisher)
         self.state_url = state_url
         self.slim = slim or snapshot_config()
         self.flush_timeout = flush_timeout
@@ -456,6 +455,17 @@ def _finish(reason: str | None, has_tool_calls: bool) -> str:
     if reason in _FINISH_REASONS:
         return reason
     return "tool_calls" if has_tool_calls else "stop"
+
+
+def _own_store(publisher: object) -> StateStore | None:
+    """The publisher as a state store, or the one it wraps (``TracingPublisher``)."""
+    for _ in range(8):  # wrappers of wrappers, not a cycle
+        if isinstance(publisher, StateStore):
+            return publisher
+        publisher = getattr(publisher, "publisher", None)
+        if publisher is None:
+            return None
+    return None
 
 
 _Said = Literal["forbid", "allow", "stop"]

@@ -27,7 +27,11 @@ def get_weather(city: str) -> str:
 
 class ToolCallingFakeChatModel(GenericFakeChatModel):
     """langchain-core's fake chat model, streaming the scripted messages' tool calls
-    and usage too (the generic one streams only their text)."""
+    and usage too (the generic one streams only their text). Its answers are scripted,
+    so binding tools (as ``create_react_agent`` does) changes nothing."""
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> ToolCallingFakeChatModel:
+        return self
 
     def _stream(
         self,
@@ -54,8 +58,9 @@ class ToolCallingFakeChatModel(GenericFakeChatModel):
         yield ChatGenerationChunk(message=last)
 
 
-def weather_graph(answer: str = ANSWER) -> Any:
-    model = ToolCallingFakeChatModel(
+def weather_model(answer: str = ANSWER) -> ToolCallingFakeChatModel:
+    """Asks for ``get_weather`` in Oslo, then answers ``answer``."""
+    return ToolCallingFakeChatModel(
         messages=iter(
             [
                 AIMessage(
@@ -70,6 +75,10 @@ def weather_graph(answer: str = ANSWER) -> Any:
             ]
         )
     )
+
+
+def weather_graph(answer: str = ANSWER) -> Any:
+    model = weather_model(answer)
 
     async def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [await model.ainvoke(state["messages"])]}
