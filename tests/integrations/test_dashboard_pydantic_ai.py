@@ -1,8 +1,9 @@
 """A pydantic-ai agent (FunctionModel, streamed) drives the live dashboard: the page
 attaches to the session, the run is published through the server's HTTP API, and the
 page shows its steps, tool call, answer and final state in sync (Debian's chromium):
-with a Redis state store next to a Redis-backed server, and on the default in-memory
-server with nothing but the publisher, which stores the final state over the HTTP API."""
+with a Redis state store next to a Redis-backed server; and a pydantic-ai, an Agents
+SDK and a LangGraph run on the default in-memory server with nothing but the publisher,
+which stores the final state over the HTTP API."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from redis.asyncio import Redis
 from agent_core.integrations.pydantic_ai import broadcast_pydantic_ai
 from broadcaster.publishers import PusherHTTPPublisher, RedisStateStore
 from tests.frontend.conftest import artifacts, browser  # noqa: F401
-from tests.integrations.runs import ANSWER, QUESTION, pydantic_agent
-from tests.support.processes import RedisServer, ServerFactory
+from tests.integrations.runs import ANSWER, QUESTION, RUNS, pydantic_agent
+from tests.support.processes import RedisServer, ServerFactory, ServerProcess
 
 pytestmark = pytest.mark.browser
 WAIT_MS = 20_000
@@ -52,10 +53,10 @@ async def publish_run(server_url: str, redis_url: str, session: str) -> None:
         await client.aclose()
 
 
-async def publish_alone(server_url: str, session: str) -> None:
+async def publish_alone(framework: str, server_url: str, session: str) -> None:
     """As the README says: the publisher, and nothing else."""
     async with PusherHTTPPublisher(server_url, "1", "agent-key", "agent-secret") as publisher:
-        await broadcast_pydantic_ai(pydantic_agent(), QUESTION, publisher, session)
+        await RUNS[framework](publisher, session)
 
 
 def attach(page: Page, url: str, session: str) -> None:
@@ -98,18 +99,28 @@ def test_a_pydantic_ai_run_is_shown_live_on_the_dashboard_and_in_sync(
     page.screenshot(path=artifacts / "pydantic-ai-run-1280x800.png")
 
 
+@pytest.fixture(scope="module")
+def memory_server() -> Iterator[ServerProcess]:
+    """One demo server on the default in-memory backend, for the three frameworks."""
+    server = ServerProcess(("--demo", "--log-level", "warning")).start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("framework", sorted(RUNS))
 def test_an_outside_run_is_in_sync_on_the_default_in_memory_server(
+    framework: str,
     page: Page,
-    server_factory: ServerFactory,
+    memory_server: ServerProcess,
     artifacts,  # noqa: F811
 ) -> None:
-    server = server_factory("--demo", "--log-level", "warning")
-    session = f"pai-mem-{uuid.uuid4().hex[:12]}"
+    server = memory_server
+    session = f"mem-{uuid.uuid4().hex[:12]}"
     attach(page, server.url, session)
-    run_aside(publish_alone(server.url, session))
+    run_aside(publish_alone(framework, server.url, session))
 
     expect(page.get_by_label("Run status")).to_have_text("completed", timeout=WAIT_MS)
     expect(page.locator("#answer")).to_contain_text(ANSWER)
     expect(page.locator("#reconcile")).to_have_attribute("data-state", "in_sync", timeout=WAIT_MS)
     expect(page.get_by_role("status").filter(has_text=re.compile("In sync"))).to_be_visible()
-    page.screenshot(path=artifacts / "pydantic-ai-in-memory-in-sync-1280x800.png")
+    page.screenshot(path=artifacts / f"{framework}-in-memory-in-sync-1280x800.png")
