@@ -29,6 +29,7 @@ from pydantic_ai.messages import (
     TextPartDelta,
 )
 from pydantic_ai.run import AgentRunResult
+from pydantic_ai.usage import UsageLimits
 
 from agent_core.adapters.broadcasting import AdapterOptions
 from agent_core.integrations._base import FrameworkRun
@@ -75,8 +76,8 @@ async def broadcast_pydantic_ai(
         Whatever the run raises, after the final status was published and the
         publisher flushed: ``failed`` / ``error``, except for ``UsageLimitExceeded``,
         which ends the run as ``agent_core``'s matching limit does (``completed`` /
-        ``steps_limit`` for ``request_limit``, ``token_limit`` for a tokens limit). A
-        tool that raised is reported ``success: false`` with the error.
+        ``steps_limit`` for ``request_limit``, ``token_limit`` for a tokens or cost
+        limit). A tool that raised is reported ``success: false`` with the error.
     """
     run = FrameworkRun(
         publisher,
@@ -89,19 +90,22 @@ async def broadcast_pydantic_ai(
         channel=channel,
     )
     await run.started(prompt)
+    limits = run_kwargs.get("usage_limits") or UsageLimits()  # pydantic-ai's default too
     try:
         async with agent.iter(prompt, **run_kwargs) as agent_run:
             async for node in agent_run:
                 if Agent.is_model_request_node(node):
+                    # pydantic-ai's own check, before the step: a limit that refuses the
+                    # request starts no step, as agent_core's step limit starts none.
+                    limits.check_before_request(agent_run.usage)
+                    await run.step_started(
+                        tools=_tool_names(agent),
+                        message_count=len(agent_run.ctx.state.message_history),
+                    )
                     if stream:
-                        # Opened once the request is under way: a usage limit that
-                        # refuses it, as agent_core's step limit, starts no step.
                         async with node.stream(agent_run.ctx) as events:
-                            await _step_started(run, agent, agent_run)
                             async for event in events:
                                 await _on_model_event(run, event)
-                    else:
-                        await _step_started(run, agent, agent_run)
                 elif Agent.is_call_tools_node(node):
                     response = node.model_response
                     if not stream:
@@ -123,14 +127,9 @@ async def broadcast_pydantic_ai(
 
 
 def _limit(exc: UsageLimitExceeded) -> str:
-    """The ``agent_core`` limit matching pydantic-ai's ``UsageLimits`` one."""
-    return "token_limit" if "tokens_limit" in str(exc) else "steps_limit"
-
-
-async def _step_started(run: FrameworkRun, agent: Agent[Any, Any], agent_run: Any) -> None:
-    await run.step_started(
-        tools=_tool_names(agent), message_count=len(agent_run.ctx.state.message_history)
-    )
+    """The ``agent_core`` limit matching pydantic-ai's ``UsageLimits`` one: the request
+    limit is the step limit; a tokens (or cost) limit, the token budget."""
+    return "steps_limit" if "request_limit" in str(exc) else "token_limit"
 
 
 async def _on_model_event(run: FrameworkRun, event: Any) -> None:
