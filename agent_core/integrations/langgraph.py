@@ -97,7 +97,9 @@ class _Graph:
         await self.run.step_started(actor=self.node_name)
 
     async def _model_started(self) -> None:
-        if self.absorbing:  # a model answers in this node: a step of its own after all
+        # A model answers in this node while no tool runs: a step of its own from here
+        # (a model that a running tool calls is part of that tool's call).
+        if self.absorbing and not self.tool_runs:
             self.absorbing = False
             await self._close()
             await self._open()
