@@ -19,7 +19,7 @@ from broadcaster.signing import signed_params
 from tests.integrations.runs import ANSWER, CALL_IDS, QUESTION, RUNS
 from tests.integrations.test_frameworks import envelopes_on
 from tests.support.live import APP_ID, KEY, SECRET, Client, LiveServer, StartServer
-from tests.support.processes import RedisServer
+from tests.support.processes import RedisServer, ServerFactory, ServerProcess
 
 SNAPSHOT: dict[str, Any] = {
     "agent_id": "outside",
@@ -40,11 +40,16 @@ def state_path(channel: str) -> str:
 
 
 async def put(
-    live: LiveServer, channel: str, body: bytes, *, key: str = KEY, secret: str = SECRET
+    server: LiveServer | ServerProcess,
+    channel: str,
+    body: bytes,
+    *,
+    key: str = KEY,
+    secret: str = SECRET,
 ) -> httpx.Response:
     path = state_path(channel)
     query = urlencode(signed_params(key, secret, "PUT", path, body))
-    async with httpx.AsyncClient(base_url=live.url) as http:
+    async with httpx.AsyncClient(base_url=server.url) as http:
         return await http.put(f"{path}?{query}", content=body)
 
 
@@ -105,6 +110,13 @@ async def test_an_app_keeps_at_most_max_session_states(start_server: StartServer
     assert third.status_code == 429
     assert "max_session_states" in third.json()["error"]
     assert (await state_of(live, "n-3")).status_code == 404
+
+
+async def test_serve_takes_max_session_states(server_factory: ServerFactory) -> None:
+    server = server_factory("--max-session-states", "1", "--log-level", "warning")
+    body = orjson.dumps(SNAPSHOT)
+    assert (await put(server, "agent.p-1", body)).status_code == 200
+    assert (await put(server, "agent.p-2", body)).status_code == 429
 
 
 async def _unsigned(live: LiveServer, body: bytes) -> httpx.Response:
