@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 
 import orjson
 from opentelemetry import trace
@@ -306,3 +306,10 @@ class TracingPublisher:
         """Close the publisher and end what the tracer still has open."""
         await self.tracer.aclose()
         await self.publisher.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """End what the tracer has open, deliver and close the publisher."""
+        await self.aclose()

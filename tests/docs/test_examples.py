@@ -203,10 +203,8 @@ async def _traces_and_forwards(
 
     watcher = await clients(live.app_url())
     await watcher.subscribe(channel_for("otel-1"))
-    publisher = namespace["publisher"]
-    async with publisher.publisher:
+    async with namespace["publisher"] as publisher:
         await broadcast_pydantic_ai(Agent(TestModel(), name="weather"), "Hi", publisher, "otel-1")
-        await publisher.tracer.aclose()
     final = await final_status(watcher)
     await _in_sync(live, "otel-1", final)
     names = [span.name for span in exporter.get_finished_spans()]
