@@ -12,9 +12,10 @@ from urllib.parse import urlencode
 import httpx
 import orjson
 import pytest
+from redis.asyncio import Redis
 
 from broadcaster.envelope import channel_for
-from broadcaster.publishers import PusherHTTPPublisher
+from broadcaster.publishers import InProcessPublisher, PusherHTTPPublisher, RedisPublisher
 from broadcaster.signing import signed_params
 from tests.integrations.runs import ANSWER, CALL_IDS, QUESTION, RUNS
 from tests.integrations.test_frameworks import envelopes_on
@@ -157,3 +158,28 @@ async def test_an_outside_run_is_stored_by_its_publisher_alone(
         "resolved_by": framework,
     }
     assert CALL_IDS[framework] in [c["id"] for s in state["steps"] for c in s["tool_calls"]]
+
+
+async def test_the_in_process_publisher_stores_the_state_on_its_node(
+    start_server: StartServer,
+) -> None:
+    live = await start_server()
+    async with InProcessPublisher(live.node, APP_ID) as publisher:
+        await RUNS["pydantic-ai"](publisher, "inproc-1")
+    state = await state_of(live, "inproc-1")
+    assert (state.status_code, state.json()["status"]) == (200, "completed")
+
+
+@pytest.mark.redis
+async def test_the_redis_publisher_stores_the_state_where_the_servers_read_it(
+    start_server: StartServer, redis_server: RedisServer
+) -> None:
+    live = await start_server(backend=redis_server.url, redis_prefix="state-pub")
+    client = Redis.from_url(redis_server.url)
+    try:
+        async with RedisPublisher(client, APP_ID, prefix="state-pub") as publisher:
+            await RUNS["langgraph"](publisher, "redis-1")
+    finally:
+        await client.aclose()
+    state = await state_of(live, "redis-1")
+    assert (state.status_code, state.json()["status"]) == (200, "completed")
