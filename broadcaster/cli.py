@@ -65,6 +65,11 @@ def main() -> None:
     "--history-read-timeout", type=float, help="Seconds a resume's history read may take [10]."
 )
 @click.option(
+    "--max-session-states",
+    type=int,
+    help="Session final states an app may store over the HTTP API, per node [10000].",
+)
+@click.option(
     "--redis-read-delay",
     type=float,
     help="Latency budget: when Redis pub/sub reads come faster than this, seconds it is "

@@ -4,7 +4,15 @@ Every request is signed (:func:`broadcaster.signing.verify_request`: key, timest
 within 600 s, ``body_md5``, constant-time signature) and bodies are validated by
 :mod:`broadcaster.http_models`. Errors are JSON ``{"error": ..., "status": ...}`` with
 400 (bad request), 401 (authentication), 403 (app disabled), 404 (no such app),
-408 (body too slow, ``body_timeout``), 413 (too large) or 503 (the backend is unreachable).
+408 (body too slow, ``body_timeout``), 413 (too large), 422 (not a session state), 429
+(too many stored states) or 503 (the backend is unreachable).
+
+``PUT .../channels/{channel}/state`` stores the final slim snapshot of the session
+publishing on ``channel`` (``agent.<id>`` or ``private-agent.<id>``) where ``GET
+/api/sessions/{id}/state`` reads it (:mod:`broadcaster.sessions`), for
+:data:`~broadcaster.publishers.STATE_TTL`; so an agent outside the server (a framework
+adapter through :class:`~broadcaster.publishers.PusherHTTPPublisher`) can be reconciled
+on any backend. At most ``max_session_states`` live states per app and node.
 
 =====  ==============================================  ====================================
 POST   ``/apps/{app_id}/events``                       publish one event on 1-100 channels
@@ -12,6 +20,7 @@ POST   ``/apps/{app_id}/batch_events``                 publish up to 10 events
 GET    ``/apps/{app_id}/channels``                     occupied channels
 GET    ``/apps/{app_id}/channels/{channel}``           one channel's state
 GET    ``/apps/{app_id}/channels/{channel}/users``     a presence channel's users
+PUT    ``/apps/{app_id}/channels/{channel}/state``     store a session's final state
 POST   ``/apps/{app_id}/users/{user_id}/terminate_connections``  close a user's connections
 =====  ==============================================  ====================================
 
@@ -50,6 +59,8 @@ from broadcaster.exceptions import ApiError, ProtocolError
 from broadcaster.http_input import BodyReader, BodyRefused, excerpt, read_body
 from broadcaster.http_models import TriggerRequest
 from broadcaster.node import Node
+from broadcaster.publishers import STATE_TTL, state_key
+from broadcaster.sessions import SESSION_ID
 from broadcaster.settings import AppConfig
 from broadcaster.signing import verify_request
 from broadcaster.transport import SERVER_ERROR, Answer
@@ -70,6 +81,7 @@ def api_routes(node: Node) -> list[BaseRoute]:
         Route(f"{apps}/channels", api.wrap(api.channels), methods=["GET"]),
         Route(f"{apps}/channels/{{channel}}", api.wrap(api.channel), methods=["GET"]),
         Route(f"{apps}/channels/{{channel}}/users", api.wrap(api.users), methods=["GET"]),
+        Route(f"{apps}/channels/{{channel}}/state", api.wrap(api.store_state), methods=["PUT"]),
         Route(
             f"{apps}/users/{{user_id}}/terminate_connections",
             api.wrap(api.terminate),
@@ -91,6 +103,8 @@ class _Api:
         self.node = node
         self.max_body = node.settings.max_request_bytes
         self.body_timeout = node.settings.body_timeout
+        self.max_states = node.settings.max_session_states
+        self._states: dict[str, dict[str, float]] = {}  # app id -> channel -> expiry
 
     def wrap(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         """Authenticate, run ``handler`` and turn errors into JSON responses."""
@@ -191,6 +205,37 @@ class _Api:
         members = await self.node.presence_members(app.id, name)
         return {"users": [{"id": member.user_id} for member in members]}
 
+    async def store_state(self, request: Request, app: AppConfig, body: bytes) -> dict[str, Any]:
+        channel = _channel_param(request)
+        if not _SESSION_CHANNEL.fullmatch(channel):
+            raise ApiError(
+                422, f"{channel!r} is not a session channel: agent.<id> or private-agent.<id>"
+            )
+        http_models.parse_state(body)
+        self._admit_state(app, channel)
+        await self.node.backend.store_value(app.id, state_key(channel), body, STATE_TTL)
+        return {}
+
+    def _admit_state(self, app: AppConfig, channel: str) -> None:
+        """Count ``channel``'s state among the app's live ones, unless that is one too many.
+
+        Raises:
+            ApiError: 429, the app keeps ``max_session_states`` states already.
+        """
+        now = time.monotonic()
+        states = self._states.setdefault(app.id, {})
+        if channel not in states and len(states) >= self.max_states:
+            for name, expiry in list(states.items()):
+                if expiry <= now:
+                    del states[name]
+            if len(states) >= self.max_states:
+                raise ApiError(
+                    429,
+                    f"app {app.id!r} keeps {len(states)} session states already "
+                    f"(max_session_states); each expires {STATE_TTL:.0f} s after it was stored",
+                )
+        states[channel] = now + STATE_TTL
+
     async def terminate(self, request: Request, app: AppConfig, body: bytes) -> dict[str, Any]:
         user_id = request.path_params["user_id"]
         if not user_id or len(user_id) > 128:
@@ -217,6 +262,9 @@ class _Api:
                 entry["user_count"] = len(await self.node.presence_members(app.id, name))
             result[name] = entry
         return result
+
+
+_SESSION_CHANNEL = re.compile(r"(?:private-)?agent\." + SESSION_ID.pattern.strip("^$"))
 
 
 def _channel_param(request: Request) -> str:

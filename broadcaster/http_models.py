@@ -9,15 +9,18 @@
 names one ``channel``. :func:`parse_trigger` and :func:`parse_batch` return normalized
 :class:`TriggerRequest` objects or raise :class:`~broadcaster.exceptions.ApiError` (400
 with what is wrong, 413 when ``data`` is over the app's limit).
+
+``PUT /apps/{app_id}/channels/{channel}/state`` takes a session's final slim snapshot
+(:func:`parse_state`: 422 when it is not one).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from broadcaster._text import excerpt
 from broadcaster.channels import validate_channel_name
@@ -32,6 +35,7 @@ __all__ = [
     "TriggerRequest",
     "parse_batch",
     "parse_info",
+    "parse_state",
     "parse_trigger",
 ]
 
@@ -123,6 +127,52 @@ def parse_info(text: str | None) -> frozenset[str]:
         named = excerpt(", ".join(unknown))
         raise ApiError(400, f"unknown info attribute(s) {named}: use {allowed}")
     return attributes
+
+
+class _Usage(BaseModel):
+    prompt: StrictInt = Field(ge=0)
+    completion: StrictInt = Field(ge=0)
+    total: StrictInt = Field(ge=0)
+
+
+class _Message(BaseModel):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: StrictStr
+    metadata: dict[str, Any]
+
+
+class SessionState(BaseModel):
+    """What a stored session state must be: a slim snapshot (docs/agent_core.md).
+
+    Its other fields (``steps``, ``last_continuation``, ...) are kept as sent.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    agent_id: StrictStr = Field(min_length=1)
+    status: Literal["completed", "failed"]
+    step_count: StrictInt = Field(ge=0)
+    usage: _Usage
+    execution: dict[str, Any]
+    messages: list[_Message]
+    steps: list[dict[str, Any]]
+    metadata: dict[str, Any]
+
+
+def parse_state(body: bytes) -> SessionState:
+    """The session state in ``body``.
+
+    Raises:
+        ApiError: 422 with what is wrong (not JSON, not an object, not a final slim
+            snapshot).
+    """
+    try:
+        value = _json_object(body)
+        return SessionState.model_validate(value)
+    except ApiError as exc:
+        raise ApiError(422, exc.message) from None
+    except ValidationError as exc:
+        raise ApiError(422, f"not a final slim snapshot: {_describe(exc, '')}") from None
 
 
 def _json_object(body: bytes) -> dict[str, Any]:

@@ -12,7 +12,13 @@ One small interface, :class:`Publisher`, with implementations for each path:
   server of its own.
 
 Sessions' final states (for reconcile) are kept by a :class:`StateStore`: one on the
-node's backend, one straight on Redis for workers.
+node's backend, one straight on Redis for workers; the Pusher HTTP, in-process and Redis
+publishers are state stores too (the Pusher HTTP one signs ``PUT
+/apps/{app_id}/channels/{channel}/state``), so whoever publishes a run can store its
+final state on the same server.
+
+Every publisher is an async context manager: ``async with`` delivers what is buffered
+and releases the publisher on exit (:meth:`Publisher.aclose`).
 
 Network publishers never block the agent: :meth:`Publisher.broadcast` enqueues into a
 bounded buffer that one sender task drains in order, retrying failures with capped,
@@ -30,8 +36,9 @@ import random
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
-from urllib.parse import urlencode
+from types import TracebackType
+from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
+from urllib.parse import quote, urlencode
 
 import httpx
 import orjson
@@ -145,6 +152,12 @@ class RecordingPublisher:
     async def aclose(self) -> None:
         return None
 
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
     def envelopes(self, channel: str | None = None) -> list[Envelope]:
         return [env for ch, env in self.records if channel is None or ch == channel]
 
@@ -176,6 +189,18 @@ class BufferedPublisher(ABC):
     @abstractmethod
     async def _send(self, batch: list[Outgoing]) -> None:
         """Deliver ``batch`` in order or raise :class:`PublishError`."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """Deliver the buffer (within ``close_timeout``) and release the publisher."""
+        await self.aclose()
 
     async def broadcast(self, channel: str, envelope: Envelope) -> None:
         self.enqueue(encode(channel, envelope))
@@ -222,15 +247,22 @@ class BufferedPublisher(ABC):
         logger.warning("%s dropped %d publication(s): %s", type(self).__name__, count, why)
 
     async def _run(self) -> None:
-        while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            while self._buffer:
-                batch = [self._buffer[i] for i in range(min(self._max_batch, len(self._buffer)))]
-                await self._deliver(batch)
-                for _ in batch:
-                    self._buffer.popleft()
-            self._idle.set()
+        try:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                while self._buffer:
+                    size = min(self._max_batch, len(self._buffer))
+                    await self._deliver([self._buffer[i] for i in range(size)])
+                    for _ in range(size):
+                        self._buffer.popleft()
+                self._idle.set()
+        except asyncio.CancelledError:
+            # Cancelled by aclose(), or by asyncio.run() ending with the publisher never
+            # closed (the short form of the README's examples): what this publisher
+            # opened is released with the loop that used it, not left to the GC.
+            await self._release()
+            raise
 
     async def _deliver(self, batch: list[Outgoing]) -> None:
         try:
@@ -320,12 +352,24 @@ class PusherHTTPPublisher(BufferedPublisher):
         events = [{"name": i.event, "channel": i.channel, "data": i.data} for i in batch]
         await self._post(path, orjson.dumps({"batch": events}))
 
-    async def _post(self, path: str, body: bytes) -> None:
-        params = signed_params(self._key, self._secret, "POST", path, body)
+    async def save(self, channel: str, snapshot: bytes) -> None:
+        """Store the final state (slim snapshot JSON) of the session on ``channel`` on the
+        server, for ``GET /api/sessions/{id}/state``: a signed ``PUT
+        /apps/{app_id}/channels/{channel}/state``, sent after what is buffered so far.
+
+        Raises:
+            PublishError: the server refused it or cannot be reached.
+        """
+        await self.flush(self._close_timeout)
+        path = f"/apps/{self._app_id}/channels/{quote(channel, safe='')}/state"
+        await self._post(path, snapshot, method="PUT")
+
+    async def _post(self, path: str, body: bytes, method: str = "POST") -> None:
+        params = signed_params(self._key, self._secret, method, path, body)
         url = f"{self._base}{path}?{urlencode(params)}"
         headers = {"Content-Type": "application/json"}
         try:
-            response = await self._client.post(url, content=body, headers=headers)
+            response = await self._client.request(method, url, content=body, headers=headers)
         except httpx.HTTPError as exc:
             raise PublishError(f"cannot reach {self._base}: {exc!r}", retryable=True) from exc
         if response.status_code >= 300:
@@ -363,8 +407,19 @@ class InProcessPublisher:
             raise PublishError(str(exc), retryable=True) from exc
         self.stats.published += 1
 
+    async def save(self, channel: str, snapshot: bytes) -> None:
+        """Store the session's final state through the node's backend (see
+        :class:`BackendStateStore`)."""
+        await BackendStateStore(self._node.backend, self._app_id).save(channel, snapshot)
+
     async def aclose(self) -> None:
         return None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 class RedisPublisher(BufferedPublisher):
@@ -424,6 +479,14 @@ class RedisPublisher(BufferedPublisher):
         except (RedisError, OSError) as exc:
             raise PublishError(f"cannot publish through Redis: {exc}", retryable=True) from exc
 
+    async def save(self, channel: str, snapshot: bytes) -> None:
+        """Store the session's final state where the servers read it (see
+        :class:`RedisStateStore`), after what is buffered so far."""
+        await self.flush(self._close_timeout)
+        await RedisStateStore(self._client, self._app_id, prefix=self._prefix).save(
+            channel, snapshot
+        )
+
 
 def _is_cluster(client: object) -> bool:
     from redis.asyncio.cluster import RedisCluster
@@ -438,6 +501,7 @@ def state_key(channel: str) -> str:
     return f"state:{channel}"
 
 
+@runtime_checkable
 class StateStore(Protocol):
     """Keeps sessions' final slim snapshots for the reconcile endpoint."""
 

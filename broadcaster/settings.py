@@ -98,6 +98,9 @@ class Settings(BaseSettings):
     max_buffer_bytes: Annotated[int, Field(ge=4096, le=1 << 30)] = 1 << 20
     # Largest HTTP request body, for every endpoint that reads one (413 above it).
     max_request_bytes: Annotated[int, Field(ge=1024, le=64 << 20)] = 256 << 10
+    # Session final states an app may store over the HTTP API (PUT .../channels/{c}/state)
+    # and keep at once, counted per node; each is kept 24 h (429 above it).
+    max_session_states: Annotated[int, Field(ge=1, le=10_000_000)] = 10_000
     # Seconds a client has to send a whole request body once its head is in (408).
     body_timeout: Annotated[float, Field(gt=0, le=3600)] = 30.0
     # Seconds a client has to send a whole request head (a WebSocket upgrade request

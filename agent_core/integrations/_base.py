@@ -5,9 +5,16 @@ completed, run ended) instead of ``agent_core`` events.
 It is an :class:`~agent_core.adapters.broadcasting.EnvelopeEmitter`, so its envelopes are built,
 ordered, coalesced and published exactly like :class:`AgentEventAdapter`'s: one lock,
 streamed text held and flushed before the next envelope, the same tool summaries. It
-also records what it publishes, so that at the end it stores a slim-shaped final
-snapshot (``StateStore``) and names its URL in the final ``agent.status``, as a run of
-``agent_core`` does.
+also records what it publishes, so that at the end it stores a slim final snapshot
+(``StateStore``; by default the publisher itself, which stores it on the server) and
+names its URL in the final ``agent.status``, as a run of ``agent_core`` does.
+
+It keeps ``agent_core``'s rule (docs/agent_core.md): a run is ``failed`` exactly when
+its stop reason is ``error``, and the final status, the last step's continuation and
+the snapshot say the same. So a step's ``agent.step.completed`` (and its
+``agent.continuation``) is published when the next step starts (the framework went
+on) or when the run ends, with the run's own stop: ``completed``, ``error``, or a
+framework limit said as ``agent_core``'s (``steps_limit``, status ``completed``).
 """
 
 from __future__ import annotations
@@ -16,23 +23,30 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
 from agent_core.adapters.broadcasting import AdapterOptions, EnvelopeEmitter, summarize_result
 from agent_core.events import AgentEvent, StreamChunk
 from agent_core.messages import Usage
+from agent_core.slim import OMITTED_TOOL_RESULT, SlimSerializationConfig
 from broadcaster import envelope as env
 from broadcaster.publishers import Publisher, StateStore
 
-__all__ = ["FrameworkRun", "StepRecord", "default_state_url"]
+__all__ = ["FrameworkRun", "StepRecord", "default_state_url", "snapshot_config"]
 
 logger = logging.getLogger(__name__)
 
 _FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter", "error")
+
+
+def snapshot_config() -> SlimSerializationConfig:
+    """The slim preset of a framework run's snapshot: the one ``agent_core`` runs store
+    (standard, with the last continuation)."""
+    return replace(SlimSerializationConfig.standard(), include_continuation_trace=True)
 
 
 def default_state_url(session_id: str) -> str:
@@ -59,6 +73,7 @@ class StepRecord:
     usage: Usage = field(default_factory=Usage)
     finish_reason: str | None = None
     duration_ms: float = 0.0
+    decision: dict[str, Any] | None = None
 
 
 class FrameworkRun(EnvelopeEmitter):
@@ -66,9 +81,10 @@ class FrameworkRun(EnvelopeEmitter):
 
     Call, in order: :meth:`started`, then per step :meth:`step_started`, :meth:`text`
     / :meth:`tool_started` / :meth:`tool_completed`, :meth:`step_completed`, and at the
-    end :meth:`completed` or :meth:`failed`. Calls out of order (a tool before any
-    step, a step completed twice) are tolerated: a step is opened when needed and an
-    open step is closed at the end, so the envelope stream always pairs up.
+    end :meth:`completed`, :meth:`failed` or :meth:`limited`. Calls out of order (a tool
+    before any step, a step completed twice) are tolerated: a step is opened when needed,
+    an open step is closed at the end and a tool call still running at the end is
+    reported failed, so the envelope stream always pairs up.
 
     Args:
         publisher: where envelopes go.
@@ -77,10 +93,16 @@ class FrameworkRun(EnvelopeEmitter):
         framework: the framework's name, put in the snapshot's metadata.
         agent_id: the agent's name in the snapshot.
         options: what to publish (see :class:`AdapterOptions`).
-        state_store: where the final snapshot is stored (None: not stored).
+        state_store: where the final snapshot is stored (None: the publisher, when it
+            is a :class:`~broadcaster.publishers.StateStore` itself, as the Pusher HTTP,
+            in-process and Redis publishers are, or the one it wraps, as
+            ``TracingPublisher`` does; else it is not stored).
         state_url: the URL put into the final ``agent.status`` when it was stored
             (default: the server's ``/api/sessions/{id}/state``).
         channel: publish here instead of ``agent.<session_id>``.
+        slim: the snapshot's limits (default: :func:`snapshot_config`).
+        flush_timeout: how long the end of the run waits for a buffered publisher
+            (one with ``flush(within)``) to deliver it.
     """
 
     def __init__(
@@ -95,6 +117,8 @@ class FrameworkRun(EnvelopeEmitter):
         state_store: StateStore | None = None,
         state_url: Callable[[str], str] = default_state_url,
         channel: str | None = None,
+        slim: SlimSerializationConfig | None = None,
+        flush_timeout: float = 10.0,
     ) -> None:
         super().__init__(
             publisher,
@@ -105,17 +129,22 @@ class FrameworkRun(EnvelopeEmitter):
         )
         self.framework = framework
         self.agent_id = agent_id
-        self.state_store = state_store
+        self.state_store = state_store if state_store is not None else _own_store(publisher)
         self.state_url = state_url
+        self.slim = slim or snapshot_config()
+        self.flush_timeout = flush_timeout
         self.step_number = 0
         self.usage = Usage()
         self.started_at: datetime | None = None
         self._step: StepRecord | None = None
+        self._held: StepRecord | None = None
         self._steps: list[StepRecord] = []
         self._calls: dict[str, tuple[str, float]] = {}
         self._messages: list[dict[str, Any]] = []
         self._text: list[str] = []
         self._chunk_count = 0
+        self._last_decision: dict[str, Any] | None = None
+        self._end_reason: str | None = None
 
     # -- the calls an adapter makes -------------------------------------------------------
 
@@ -132,6 +161,7 @@ class FrameworkRun(EnvelopeEmitter):
         """A step began (closing the one still open); returns its number."""
         if self._step is not None:
             await self.step_completed()
+        await self._release(_GO_ON)
         self.step_number += 1
         self._step = StepRecord(self.step_number, actor, time.monotonic(), [])
         payload = env.StepStartedPayload(
@@ -151,10 +181,18 @@ class FrameworkRun(EnvelopeEmitter):
         self._text.append(delta)
         await self.on_event(self._chunk(delta, complete=False))
 
+    async def tool_requested(self, call_id: str, name: str) -> None:
+        """The model of the current step asked for tool call ``call_id`` (it runs later,
+        see :meth:`tool_started`): the step carries it from now on."""
+        step = await self._ensure_step()
+        if all(call["id"] != call_id for call in step.tool_calls):
+            step.tool_calls.append({"id": call_id, "name": name})
+
     async def tool_started(self, call_id: str, name: str, args: Mapping[str, Any]) -> None:
         """The model's tool call ``call_id`` is about to run with ``args``."""
         step = await self._ensure_step()
-        step.tool_calls.append({"id": call_id, "name": name})
+        if all(call["id"] != call_id for call in step.tool_calls):
+            step.tool_calls.append({"id": call_id, "name": name})
         self._calls[call_id] = (name, time.monotonic())
         self._tool_message(call_id, name, args)
         mark = self._mark()
@@ -193,7 +231,11 @@ class FrameworkRun(EnvelopeEmitter):
     async def step_completed(
         self, *, input_tokens: int = 0, output_tokens: int = 0, finish_reason: str | None = None
     ) -> None:
-        """The current step ended, having used ``input_tokens``/``output_tokens``."""
+        """The current step ended, having used ``input_tokens``/``output_tokens``.
+
+        Its ``agent.step.completed`` goes out when the next step starts or the run ends:
+        only then is it known whether the framework went on.
+        """
         step = self._step
         if step is None:
             return
@@ -204,6 +246,14 @@ class FrameworkRun(EnvelopeEmitter):
         step.duration_ms = (time.monotonic() - step.started) * 1000
         self._steps.append(step)
         await self._close_text()
+        self._held = step
+
+    async def _release(self, decision: dict[str, Any]) -> None:
+        """Publish the held step's end with ``decision`` (continue, or the run's stop)."""
+        step, self._held = self._held, None
+        if step is None:
+            return
+        step.decision = {**decision, "resolved_by": self.framework}
         if self.options.include_continuation_trace:
             await self._send(env.AgentContinuation, _trace(self, step), step.step_number)
         payload = env.StepCompletedPayload(
@@ -224,20 +274,31 @@ class FrameworkRun(EnvelopeEmitter):
         """The run ended with ``output``: the final ``agent.status`` ``completed``."""
         await self._end("completed", output=output, stop_reason=stop_reason)
 
-    async def failed(self, message: str, *, stop_reason: str = "error") -> None:
-        """The run failed with ``message``: the final ``agent.status`` ``failed``."""
-        await self._end("failed", error=message, stop_reason=stop_reason)
+    async def failed(self, message: str) -> None:
+        """The run failed with ``message``: the final ``agent.status`` ``failed``, stop
+        reason ``error``."""
+        await self._end("failed", error=message, stop_reason="error")
+
+    async def limited(self, message: str, *, stop_reason: str = "steps_limit") -> None:
+        """A framework limit ended the run (e.g. the Agents SDK's ``max_turns``), said as
+        the matching ``agent_core`` limit: status ``completed``, ``stop_reason``; the
+        ``message`` is the last continuation's reason."""
+        await self._end("completed", stop_reason=stop_reason, reason=message)
 
     def snapshot(self, status: str, error: str | None = None) -> dict[str, Any]:
-        """The slim-shaped snapshot of the run so far (what the state endpoint serves)."""
+        """The slim snapshot of the run so far (what the state endpoint serves), within
+        the limits of :attr:`slim`."""
+        config = self.slim
         now = datetime.now(UTC)
         began = self.started_at or now
-        last = self._steps[-1] if self._steps else None
+        last = self._steps[-1].decision if self._steps else self._last_decision
+        messages = self._messages[-config.max_messages :] if config.max_messages else []
+        steps = self._steps[-config.max_steps :] if config.max_steps else []
         return {
             "agent_id": self.agent_id,
             "parent_agent_id": None,
             "status": status,
-            **({"error_message": error} if status == "failed" else {}),
+            **({"error_message": _clip(error or "", config)} if status == "failed" else {}),
             "step_count": len(self._steps),
             "usage": self.usage.model_dump(mode="json"),
             "execution": {
@@ -245,9 +306,9 @@ class FrameworkRun(EnvelopeEmitter):
                 "updated_at": env.utc_timestamp(now),
                 "cumulative_seconds": round((now - began).total_seconds(), 3),
             },
-            "messages": self._messages[-50:],
-            "steps": [_step_snapshot(s) for s in self._steps[-50:]],
-            "last_continuation": None if last is None else _decision_dict(self, last),
+            "messages": [_slim_message(m, config) for m in messages],
+            "steps": [_step_snapshot(s) for s in steps] if config.include_steps else [],
+            "last_continuation": last if config.include_continuation_trace else None,
             "metadata": {"framework": self.framework, "execution_id": self.execution_id},
         }
 
@@ -293,12 +354,26 @@ class FrameworkRun(EnvelopeEmitter):
         return env.ContinuationSummary.model_validate(_decision_dict(self, step))
 
     async def _end(
-        self, status: str, *, output: Any = None, error: str | None = None, stop_reason: str
+        self,
+        status: str,
+        *,
+        output: Any = None,
+        error: str | None = None,
+        stop_reason: str,
+        reason: str | None = None,
     ) -> None:
         if self.finished:
             return
+        for call_id in list(self._calls):  # a tool the run ended in never completed
+            await self.tool_completed(call_id, error=error or reason or "the run ended first")
         if self._step is not None:
             await self.step_completed(finish_reason="error" if error else None)
+        decision = {"should_continue": False, "stop_reason": stop_reason}
+        self._last_decision = {**decision, "resolved_by": self.framework}
+        self._end_reason = error or reason
+        if self._held is None and not self._steps and self.options.include_continuation_trace:
+            await self._send(env.AgentContinuation, _stop_trace(self, stop_reason), 0)
+        await self._release(decision)
         last = None
         if output is not None:
             last = output if isinstance(output, str) else orjson.dumps(output, default=str).decode()
@@ -319,6 +394,21 @@ class FrameworkRun(EnvelopeEmitter):
         await self._send(env.AgentStatus, payload)
         self.finished = True
         await self.aclose()
+        await self._flush_publisher()
+
+    async def _flush_publisher(self) -> None:
+        """Wait until a buffered publisher delivered the run, final status included, so
+        that a run ended by ``asyncio.run`` returning loses nothing."""
+        flush = getattr(self.publisher, "flush", None)
+        if flush is None:
+            return
+        if not await flush(self.flush_timeout):
+            self.failures += 1
+            logger.warning(
+                "session %s: the publisher did not deliver the run within %.1f s",
+                self.session_id,
+                self.flush_timeout,
+            )
 
     async def _store(self, snapshot: dict[str, Any]) -> str | None:
         if self.state_store is None:
@@ -367,31 +457,48 @@ def _finish(reason: str | None, has_tool_calls: bool) -> str:
     return "tool_calls" if has_tool_calls else "stop"
 
 
+def _own_store(publisher: object) -> StateStore | None:
+    """The publisher as a state store, or the one it wraps (``TracingPublisher``)."""
+    for _ in range(8):  # wrappers of wrappers, not a cycle
+        if isinstance(publisher, StateStore):
+            return publisher
+        publisher = getattr(publisher, "publisher", None)
+        if publisher is None:
+            return None
+    return None
+
+
+_Said = Literal["forbid", "allow", "stop"]
+_GO_ON: dict[str, Any] = {"should_continue": True, "stop_reason": None}
+
+
 def _decision_dict(run: FrameworkRun, step: StepRecord) -> dict[str, Any]:
-    """The framework decided whether to go on; said in the engine's words."""
-    go_on = step.finish_reason == "tool_calls"
-    return {
-        "should_continue": go_on,
-        "stop_reason": None
-        if go_on
-        else ("error" if step.finish_reason == "error" else "completed"),
-        "resolved_by": run.framework,
-    }
+    """What the framework decided after ``step``, in the engine's words."""
+    assert step.decision is not None, "decided when released"
+    return dict(step.decision)
+
+
+def _why(run: FrameworkRun, stop_reason: str | None) -> tuple[_Said, str]:
+    """The evaluation's decision and reason for a step that ended a run that way."""
+    if stop_reason is None:
+        return "allow", "the framework went on to another step"
+    if stop_reason == "completed":
+        return "stop", "the framework ended the run with its answer"
+    return "forbid", run._end_reason or stop_reason
 
 
 def _trace(run: FrameworkRun, step: StepRecord) -> env.ContinuationPayload:
     decision = _decision_dict(run, step)
-    go_on = decision["should_continue"]
-    reason = "the model asked for tools" if go_on else "the model gave its answer"
+    said, reason = _why(run, decision["stop_reason"])
     return env.ContinuationPayload(
         step_number=step.step_number,
-        should_continue=go_on,
+        should_continue=decision["should_continue"],
         stop_reason=decision["stop_reason"],
         resolved_by=run.framework,
         evaluations=[
             env.ContinuationEvaluationPayload(
                 criterion=run.framework,
-                decision="allow" if go_on else "stop",
+                decision=said,
                 reason=reason,
                 stop_reason=decision["stop_reason"],
             )
@@ -399,10 +506,36 @@ def _trace(run: FrameworkRun, step: StepRecord) -> env.ContinuationPayload:
     )
 
 
+def _stop_trace(run: FrameworkRun, stop_reason: str) -> env.ContinuationPayload:
+    """The continuation of a run that stopped before its first step (step 0)."""
+    said, reason = _why(run, stop_reason)
+    return env.ContinuationPayload(
+        step_number=0,
+        should_continue=False,
+        stop_reason=stop_reason,
+        resolved_by=run.framework,
+        evaluations=[
+            env.ContinuationEvaluationPayload(
+                criterion=run.framework,
+                decision=said,
+                reason=reason,
+                stop_reason=stop_reason,
+            )
+        ],
+    )
+
+
+def _step_type(step: StepRecord) -> str:
+    """Seed 004's step types, as ``agent_core``'s ``AgentStep.step_type``."""
+    if step.errors:
+        return "error"
+    return "tool_execution" if step.tool_calls else "final"
+
+
 def _step_snapshot(step: StepRecord) -> dict[str, Any]:
     return {
         "step_number": step.step_number,
-        "type": "tool_use" if step.tool_calls else "response",
+        "type": _step_type(step),
         "actor": step.actor,
         "has_tool_calls": bool(step.tool_calls),
         "finish_reason": step.finish_reason,
@@ -411,3 +544,28 @@ def _step_snapshot(step: StepRecord) -> dict[str, Any]:
         "duration_ms": round(step.duration_ms, 1),
         "tool_calls": list(step.tool_calls),
     }
+
+
+def _clip(text: str, config: SlimSerializationConfig) -> str:
+    limit = config.max_content_length
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _slim_message(message: dict[str, Any], config: SlimSerializationConfig) -> dict[str, Any]:
+    """``message`` within the slim limits (as :class:`SlimAgentStateSerializer` does)."""
+    metadata = dict(message["metadata"])
+    if "tool_calls" in metadata:
+        metadata["tool_calls"] = [_slim_call(c, config) for c in metadata["tool_calls"]]
+    content = _clip(str(message["content"]), config)
+    if message["role"] == "tool" and not config.include_tool_results:
+        content = OMITTED_TOOL_RESULT
+    return {"role": message["role"], "content": content, "metadata": metadata}
+
+
+def _slim_call(call: dict[str, Any], config: SlimSerializationConfig) -> dict[str, Any]:
+    if config.redact_tool_args or "arguments" not in call:
+        return {"id": call["id"], "name": call["name"]}
+    text = orjson.dumps(call["arguments"], default=str).decode()
+    if len(text) > config.max_content_length:
+        return {"id": call["id"], "name": call["name"], "arguments_clipped": _clip(text, config)}
+    return dict(call)

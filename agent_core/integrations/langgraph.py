@@ -6,7 +6,9 @@
 - a graph node starting (``on_chain_start`` of the run whose name is its
   ``langgraph_node``): ``agent.step.started`` with the node's name as ``actor``; its
   end (``on_chain_end`` of the same run): ``agent.step.completed`` with the usage its
-  chat models reported;
+  chat models reported. A node whose model asked for tools keeps its step open for
+  the node that runs them (the ``ToolNode``), so that step has the calls, as an
+  ``agent_core`` step does;
 - ``on_chat_model_stream``: ``agent.stream.chunk`` (coalesced);
 - ``on_chat_model_end``: the message's ``usage_metadata`` and ``tool_calls``, whose
   ids and arguments the tool envelopes carry;
@@ -26,6 +28,7 @@ from collections import defaultdict
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langgraph.errors import GraphRecursionError
 from langgraph.graph.state import CompiledStateGraph
 
 from agent_core.adapters.broadcasting import AdapterOptions
@@ -38,13 +41,23 @@ FRAMEWORK = "langgraph"
 
 
 class _Graph:
-    """The state of one graph run: the open node, its usage, the pending tool calls."""
+    """The state of one graph run: the open node, its usage, the pending tool calls.
+
+    A step is a node whose chat model answered, together with the tools that answer
+    asked for: when a node ends having asked for tools, its step stays open, and the
+    next node (LangGraph's ``ToolNode``, or any node that runs tools before calling a
+    model) runs in it. So the step whose finish reason is ``tool_calls`` carries its
+    calls, as an ``agent_core`` step does.
+    """
 
     def __init__(self, run: FrameworkRun) -> None:
         self.run = run
         self.node_run: str | None = None
+        self.node_name = ""
         self.usage = [0, 0]
         self.asked_tools = False
+        self.awaiting = False  # the open step asked for tools that have not run yet
+        self.absorbing = False  # the running node runs them, within the open step
         self.pending: dict[str, list[tuple[str, dict[str, Any]]]] = defaultdict(list)
         self.tool_runs: dict[str, tuple[str, str]] = {}
         self.output: Any = None
@@ -58,10 +71,12 @@ class _Graph:
             await self._node_finished()
         elif kind == "on_chain_end" and not event.get("parent_ids"):
             self.output = data.get("output")
+        elif kind == "on_chat_model_start":
+            await self._model_started()
         elif kind == "on_chat_model_stream":
             await self.run.text(_text(data.get("chunk")))
         elif kind == "on_chat_model_end":
-            self._model_finished(data.get("output"))
+            await self._model_finished(data.get("output"))
         elif kind == "on_tool_start":
             await self._tool_started(run_id, event["name"], data.get("input"))
         elif kind in ("on_tool_end", "on_tool_error"):
@@ -71,19 +86,41 @@ class _Graph:
         return self.node_run is None and event["name"] == metadata.get("langgraph_node")
 
     async def _node_started(self, run_id: str, name: str) -> None:
-        self.node_run = run_id
+        self.node_run, self.node_name = run_id, name
+        if self.awaiting:
+            self.absorbing = True
+            return
+        await self._open()
+
+    async def _open(self) -> None:
         self.usage, self.asked_tools = [0, 0], False
-        await self.run.step_started(actor=name)
+        await self.run.step_started(actor=self.node_name)
+
+    async def _model_started(self) -> None:
+        # A model answers in this node while no tool runs: a step of its own from here
+        # (a model that a running tool calls is part of that tool's call).
+        if self.absorbing and not self.tool_runs:
+            self.absorbing = False
+            await self._close()
+            await self._open()
 
     async def _node_finished(self) -> None:
         self.node_run = None
+        if self.asked_tools and not self.absorbing:
+            self.awaiting = True  # the step stays open for the tools it asked for
+            return
+        self.absorbing = False
+        await self._close()
+
+    async def _close(self) -> None:
+        self.awaiting = False
         await self.run.step_completed(
             input_tokens=self.usage[0],
             output_tokens=self.usage[1],
             finish_reason="tool_calls" if self.asked_tools else None,
         )
 
-    def _model_finished(self, message: Any) -> None:
+    async def _model_finished(self, message: Any) -> None:
         if not isinstance(message, AIMessage):
             return
         usage = message.usage_metadata
@@ -92,7 +129,10 @@ class _Graph:
             self.usage[1] += int(usage.get("output_tokens", 0))
         for call in message.tool_calls:
             self.asked_tools = True
-            self.pending[call["name"]].append((call.get("id") or "", dict(call["args"])))
+            call_id = call.get("id") or ""
+            self.pending[call["name"]].append((call_id, dict(call["args"])))
+            if call_id:
+                await self.run.tool_requested(call_id, call["name"])
 
     async def _tool_started(self, run_id: str, name: str, given: Any) -> None:
         call_id, args = self.pending[name].pop(0) if self.pending[name] else ("", {})
@@ -130,7 +170,8 @@ async def broadcast_langgraph(
     **stream_kwargs: Any,
 ) -> Any:
     """Run ``graph`` on ``input`` with ``astream_events`` (v2) and publish the run on
-    ``agent.<session_id>``; graph nodes are steps.
+    ``agent.<session_id>``; graph nodes are steps (a node that runs the tools the
+    previous node's model asked for is part of that node's step).
 
     Args:
         graph: the compiled graph.
@@ -147,7 +188,10 @@ async def broadcast_langgraph(
         the graph's final output (its state).
 
     Raises:
-        Whatever the run raises, after the final ``failed`` status was published.
+        Whatever the run raises, after the final status was published and the
+        publisher flushed: ``failed`` / ``error``, except for ``GraphRecursionError``
+        (the ``recursion_limit``), which ends the run as ``agent_core``'s step limit
+        does (``completed`` / ``steps_limit``).
     """
     run = FrameworkRun(
         publisher,
@@ -164,15 +208,14 @@ async def broadcast_langgraph(
     try:
         async for event in graph.astream_events(input, version="v2", **stream_kwargs):
             await state.on_event(dict(event))
+    except GraphRecursionError as exc:
+        await run.limited(f"{type(exc).__name__}: {exc}", stop_reason="steps_limit")
+        raise
     except BaseException as exc:
-        await run.failed(f"{type(exc).__name__}: {exc}", stop_reason=_stop_reason(exc))
+        await run.failed(f"{type(exc).__name__}: {exc}")
         raise
     await run.completed(_answer(state.output))
     return state.output
-
-
-def _stop_reason(exc: BaseException) -> str:
-    return "steps_limit" if type(exc).__name__ == "GraphRecursionError" else "error"
 
 
 def _text(chunk: Any) -> str:

@@ -8,8 +8,11 @@ envelopes.
   is the agent answering (after a handoff, the agent handed to);
 - ``response.output_text.delta``: ``agent.stream.chunk`` (coalesced);
 - ``tool_called`` / ``tool_output`` run items: ``agent.tool.started`` /
-  ``agent.tool.completed`` with the model's ``call_id`` and parsed arguments; a
-  handoff (``handoff_requested`` / ``handoff_occured``) is a tool call too, whose
+  ``agent.tool.completed`` with the model's ``call_id`` and parsed arguments. A tool
+  that raised is ``success: false`` with its error: the SDK hands the model a text
+  instead, so the run's ``RunConfig.tool_error_formatter`` is wrapped to note which call
+  failed and why (a formatter of your own still decides the model's text); a handoff
+  (``handoff_requested`` / ``handoff_occured``) is a tool call too, whose
   result names the agent handed to;
 - ``response.completed``: the step's usage, published with ``agent.step.completed``
   once the step's tools ran (when the next model call starts, or at the end);
@@ -22,6 +25,8 @@ envelopes.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from typing import Any
 
 import orjson
@@ -29,10 +34,13 @@ from agents import (
     Agent,
     AgentUpdatedStreamEvent,
     RawResponsesStreamEvent,
+    RunConfig,
     RunItemStreamEvent,
     Runner,
     RunResultStreaming,
 )
+from agents.exceptions import MaxTurnsExceeded
+from agents.run_config import ToolErrorFormatterArgs
 
 from agent_core.adapters.broadcasting import AdapterOptions
 from agent_core.integrations._base import FrameworkRun
@@ -49,6 +57,7 @@ class _Turns:
     def __init__(self, run: FrameworkRun, agent: Agent[Any]) -> None:
         self.run = run
         self.agent = agent
+        self.errors: dict[str, str] = {}  # call id -> why the tool failed
         self.usage: tuple[int, int] = (0, 0)
         self.asked_tools = False
         self.open = False
@@ -83,7 +92,9 @@ class _Turns:
             tool = _field(raw, "name")
             await self.run.tool_started(call_id, tool or "tool", _arguments(raw))
         elif name == "tool_output":
-            await self.run.tool_completed(_field(raw, "call_id"), item.output)
+            call_id = _field(raw, "call_id")
+            error = self.errors.pop(call_id, None)
+            await self.run.tool_completed(call_id, item.output, error=error)
         elif name == "handoff_occured":
             target = item.target_agent.name
             await self.run.tool_completed(_field(raw, "call_id"), f"handed off to {target}")
@@ -98,6 +109,25 @@ class _Turns:
         await self.run.step_completed(
             input_tokens=prompt, output_tokens=completion, finish_reason=reason
         )
+
+    def config(self, given: RunConfig | None) -> RunConfig:
+        """``given`` (or the default run config) with a tool error formatter that notes
+        each failed call, then defers to ``given``'s own formatter."""
+        config = given or RunConfig()
+        theirs = config.tool_error_formatter
+
+        async def noted(args: ToolErrorFormatterArgs[Any]) -> str | None:
+            failure = args.error
+            if failure is not None:
+                self.errors[args.call_id] = f"{type(failure).__name__}: {failure}"
+            else:
+                self.errors[args.call_id] = args.default_message
+            if theirs is None:
+                return None
+            said = theirs(args)
+            return await said if inspect.isawaitable(said) else said
+
+        return dataclasses.replace(config, tool_error_formatter=noted)
 
     async def _tool_names(self) -> list[str]:
         names = [getattr(t, "name", "") for t in self.agent.tools]
@@ -137,7 +167,10 @@ async def broadcast_openai_agents(
         the SDK's streamed run result, consumed (``final_output`` is set).
 
     Raises:
-        Whatever the run raises, after the final ``failed`` status was published.
+        Whatever the run raises, after the final status was published and the
+        publisher flushed: ``failed`` / ``error``, except for ``MaxTurnsExceeded``,
+        which ends the run as ``agent_core``'s step limit does (``completed`` /
+        ``steps_limit``).
     """
     run = FrameworkRun(
         publisher,
@@ -151,20 +184,20 @@ async def broadcast_openai_agents(
     )
     await run.started(input if isinstance(input, str) else None)
     turns = _Turns(run, agent)
+    run_kwargs["run_config"] = turns.config(run_kwargs.get("run_config"))
     try:
         result = Runner.run_streamed(agent, input, **run_kwargs)
         async for event in result.stream_events():
             await turns.on_event(event)
         await turns.close_step()
+    except MaxTurnsExceeded as exc:
+        await run.limited(f"{type(exc).__name__}: {exc}", stop_reason="steps_limit")
+        raise
     except BaseException as exc:
-        await run.failed(f"{type(exc).__name__}: {exc}", stop_reason=_stop_reason(exc))
+        await run.failed(f"{type(exc).__name__}: {exc}")
         raise
     await run.completed(result.final_output)
     return result
-
-
-def _stop_reason(exc: BaseException) -> str:
-    return "steps_limit" if type(exc).__name__ == "MaxTurnsExceeded" else "error"
 
 
 def _field(raw: Any, name: str) -> str:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 
 import orjson
 from opentelemetry import trace
@@ -297,7 +297,19 @@ class TracingPublisher:
             self.tracer.stats.dropped += 1
         await self.publisher.broadcast(channel, envelope)
 
+    async def flush(self, within: float | None = None) -> bool:
+        """Wait until the publisher delivered its buffer (True at once when it has none)."""
+        flush = getattr(self.publisher, "flush", None)
+        return True if flush is None else bool(await flush(within))
+
     async def aclose(self) -> None:
         """Close the publisher and end what the tracer still has open."""
         await self.tracer.aclose()
         await self.publisher.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        """End what the tracer has open, deliver and close the publisher."""
+        await self.aclose()

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pydantic_ai import Agent
+from pydantic_ai.exceptions import UsageLimitExceeded
 from pydantic_ai.messages import (
     FunctionToolCallEvent,
     FunctionToolResultEvent,
@@ -28,6 +29,7 @@ from pydantic_ai.messages import (
     TextPartDelta,
 )
 from pydantic_ai.run import AgentRunResult
+from pydantic_ai.usage import UsageLimits
 
 from agent_core.adapters.broadcasting import AdapterOptions
 from agent_core.integrations._base import FrameworkRun
@@ -71,7 +73,11 @@ async def broadcast_pydantic_ai(
         pydantic-ai's run result.
 
     Raises:
-        Whatever the run raises, after the final ``failed`` status was published.
+        Whatever the run raises, after the final status was published and the
+        publisher flushed: ``failed`` / ``error``, except for ``UsageLimitExceeded``,
+        which ends the run as ``agent_core``'s matching limit does (``completed`` /
+        ``steps_limit`` for ``request_limit``, ``token_limit`` for a tokens or cost
+        limit). A tool that raised is reported ``success: false`` with the error.
     """
     run = FrameworkRun(
         publisher,
@@ -84,10 +90,14 @@ async def broadcast_pydantic_ai(
         channel=channel,
     )
     await run.started(prompt)
+    limits = run_kwargs.get("usage_limits") or UsageLimits()  # pydantic-ai's default too
     try:
         async with agent.iter(prompt, **run_kwargs) as agent_run:
             async for node in agent_run:
                 if Agent.is_model_request_node(node):
+                    # pydantic-ai's own check, before the step: a limit that refuses the
+                    # request starts no step, as agent_core's step limit starts none.
+                    limits.check_before_request(agent_run.usage)
                     await run.step_started(
                         tools=_tool_names(agent),
                         message_count=len(agent_run.ctx.state.message_history),
@@ -106,11 +116,20 @@ async def broadcast_pydantic_ai(
                     await _step_done(run, response)
         result = agent_run.result
         assert result is not None, "the run ended at its end node"
+    except UsageLimitExceeded as exc:
+        await run.limited(f"{type(exc).__name__}: {exc}", stop_reason=_limit(exc))
+        raise
     except BaseException as exc:
         await run.failed(f"{type(exc).__name__}: {exc}")
         raise
     await run.completed(result.output)
     return result
+
+
+def _limit(exc: UsageLimitExceeded) -> str:
+    """The ``agent_core`` limit matching pydantic-ai's ``UsageLimits`` one: the request
+    limit is the step limit; a tokens (or cost) limit, the token budget."""
+    return "steps_limit" if "request_limit" in str(exc) else "token_limit"
 
 
 async def _on_model_event(run: FrameworkRun, event: Any) -> None:

@@ -27,7 +27,11 @@ def get_weather(city: str) -> str:
 
 class ToolCallingFakeChatModel(GenericFakeChatModel):
     """langchain-core's fake chat model, streaming the scripted messages' tool calls
-    and usage too (the generic one streams only their text)."""
+    and usage too (the generic one streams only their text). Its answers are scripted,
+    so binding tools (as ``create_react_agent`` does) changes nothing."""
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> ToolCallingFakeChatModel:
+        return self
 
     def _stream(
         self,
@@ -54,8 +58,9 @@ class ToolCallingFakeChatModel(GenericFakeChatModel):
         yield ChatGenerationChunk(message=last)
 
 
-def weather_graph(answer: str = ANSWER) -> Any:
-    model = ToolCallingFakeChatModel(
+def weather_model(answer: str = ANSWER) -> ToolCallingFakeChatModel:
+    """Asks for ``get_weather`` in Oslo, then answers ``answer``."""
+    return ToolCallingFakeChatModel(
         messages=iter(
             [
                 AIMessage(
@@ -71,6 +76,10 @@ def weather_graph(answer: str = ANSWER) -> Any:
         )
     )
 
+
+def weather_graph(answer: str = ANSWER) -> Any:
+    model = weather_model(answer)
+
     async def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [await model.ainvoke(state["messages"])]}
 
@@ -82,3 +91,37 @@ def weather_graph(answer: str = ANSWER) -> Any:
     builder.add_edge("tools", "agent")
     builder.add_edge("agent", END)
     return builder.compile(name="weather")
+
+
+@tool
+def broken_tool() -> str:
+    """Always fails."""
+    raise RuntimeError("boom")
+
+
+def broken_tool_graph(answer: str = ANSWER) -> Any:
+    """The agent asks for ``broken_tool``, which raises (LangGraph's ToolNode raises it
+    on by default)."""
+    model = ToolCallingFakeChatModel(
+        messages=iter(
+            [
+                AIMessage(
+                    content="",
+                    tool_calls=[{"name": "broken_tool", "args": {}, "id": "call_b1"}],
+                    usage_metadata={"input_tokens": 5, "output_tokens": 3, "total_tokens": 8},
+                ),
+                AIMessage(content=answer),
+            ]
+        )
+    )
+
+    async def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("agent", agent)
+    builder.add_node("tools", ToolNode([broken_tool]))
+    builder.add_edge(START, "agent")
+    builder.add_conditional_edges("agent", tools_condition)
+    builder.add_edge("tools", "agent")
+    return builder.compile(name="broken")

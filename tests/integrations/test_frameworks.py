@@ -29,12 +29,12 @@ FRAMEWORKS = sorted(RUNS)
 EXPECTED = {
     "pydantic-ai": ["tool", "text"],
     "openai-agents": ["tool", "tool", "text"],  # the second tool call is the handoff
-    "langgraph": ["model", "tool", "text"],  # graph nodes: agent, tools, agent
+    # graph nodes: agent (asks for the tool) and tools (runs it) are one step, then agent
+    "langgraph": ["tool", "text"],
 }
 STEP_BODY = {
     "tool": ["agent.tool.started", "agent.tool.completed"],
     "text": ["agent.stream.chunk"],
-    "model": [],
 }
 
 
@@ -120,10 +120,13 @@ async def test_openai_handoffs_show_as_the_steps_actor() -> None:
     assert (handoff.tool_call_id, handoff.result_summary) == ("call_o2", "handed off to Forecaster")
 
 
-async def test_langgraph_nodes_are_steps() -> None:
+async def test_langgraph_nodes_are_steps_and_a_tool_node_runs_in_the_step_that_asked() -> None:
     envelopes = await recorded("langgraph")
     actors = [p.actor for p in payloads(envelopes, "agent.step.started")]
-    assert actors == ["agent", "tools", "agent"]
+    assert actors == ["agent", "agent"]
+    first = payloads(envelopes, "agent.step.completed")[0]
+    assert (first.finish_reason, first.has_tool_calls) == ("tool_calls", True)
+    assert [c.id for c in first.tool_calls] == ["call_w1"]
 
 
 async def test_a_failing_pydantic_ai_run_ends_failed_and_raises() -> None:
@@ -146,13 +149,13 @@ async def test_a_failing_pydantic_ai_run_ends_failed_and_raises() -> None:
     assert "the model is down" in (final.error_message or "")  # type: ignore[union-attr]
 
 
-async def test_an_openai_run_over_its_turn_limit_stops_with_steps_limit() -> None:
+async def test_an_openai_run_over_its_turn_limit_stops_like_agent_cores_step_limit() -> None:
     publisher = RecordingPublisher()
     with pytest.raises(MaxTurnsExceeded):
         await broadcast_openai_agents(openai_agent(), QUESTION, publisher, "fw-1", max_turns=1)
     final = publisher.envelopes()[-1]
     assert final.type == "agent.status"
-    assert (final.payload.status, final.payload.stop_reason) == ("failed", "steps_limit")  # type: ignore[union-attr]
+    assert (final.payload.status, final.payload.stop_reason) == ("completed", "steps_limit")  # type: ignore[union-attr]
 
 
 async def test_a_run_without_streaming_publishes_the_whole_text() -> None:
