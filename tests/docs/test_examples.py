@@ -46,6 +46,7 @@ class Example:
     replace: tuple[tuple[str, str], ...] = ()
     names: Callable[[], dict[str, Any]] = dict
     session: str | None = "weather-1"
+    demo: bool = False  # the block starts a run on the demo server (`POST /run`)
 
 
 def _pydantic_ai() -> Example:
@@ -83,6 +84,7 @@ RUN: dict[str, Example] = {
     "README.md#1": _pydantic_ai(),
     "README.md#2": _openai_agents(),
     "README.md#3": _langgraph(),
+    "README.md#4": Example(session=None, demo=True),  # the client kit follows a demo run
     "docs/agent_core.md#1": Example(session=None),  # a scripted driver: no model to replace
     "docs/integrations.md#1": _pydantic_ai(),
     "docs/integrations.md#2": _openai_agents(),
@@ -152,8 +154,10 @@ async def test_a_documented_example_runs_and_does_what_it_says(
     name: str, start_server: StartServer, clients: Callable[..., Awaitable[Client]]
 ) -> None:
     example = RUN[name]
-    live = await start_server()
+    live = await start_server(demo=example.demo)
     names = example.names()
+    printed: list[tuple[Any, ...]] = []
+    names["print"] = lambda *args: printed.append(args)
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -167,6 +171,13 @@ async def test_a_documented_example_runs_and_does_what_it_says(
     if name == "docs/agent_core.md#1":
         state = namespace["state"]
         assert (state.status.value, state.stop_reason()) == ("completed", "completed")
+        return
+    if name == "README.md#4":
+        # It printed the run's final status and its last step's text, followed live.
+        [(status, last_text)] = printed
+        assert status == "completed"
+        assert isinstance(last_text, str)
+        assert last_text
         return
     if name == "docs/integrations.md#4":
         await _traces_and_forwards(namespace, live, clients, exporter)
