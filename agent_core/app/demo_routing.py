@@ -87,14 +87,18 @@ class WeatherAgentCapability:
         builder = AgentBuilder().with_driver(self.driver_factory(text)).with_tools(*self.tools())
         state = await builder.build().run(text)
         steps = state.steps()
+        metadata: dict[str, Any] = {
+            "agent_steps": len(steps),
+            "tools": [c.name for step in steps for c in step.tool_calls],
+        }
+        error = state.error_message()
+        if error is not None:
+            metadata["error"] = f"the agent failed: {error}"
         return CapabilityResult(
             capability=self.name,
             output=state.final_response(),
             success=state.status is AgentStatus.COMPLETED,
-            metadata={
-                "agent_steps": len(steps),
-                "tools": [c.name for step in steps for c in step.tool_calls],
-            },
+            metadata=metadata,
             usage=state.usage,
         )
 

@@ -10,9 +10,16 @@
 //   continuation_decider  args {capability, success, duration_ms, session_id},
 //                         result "done[ · final output: …]" | "continue → <cap>(<args>)",
 //                         success false with the decider's error
+//   session_memory        args {session_id, capability, success}, result
+//                         "turn remembered · <n> kept" (after the request's last step)
 // The capability itself is the step's actor (agent.step.started) and a tool pair.
 
-export const STAGES = new Set(["reference_resolver", "intent_classifier", "continuation_decider"]);
+export const STAGES = new Set([
+  "reference_resolver",
+  "intent_classifier",
+  "continuation_decider",
+  "session_memory",
+]);
 
 /** Whether a tool envelope's name is a routing phase rather than a tool. */
 export function isStage(name) {
@@ -69,7 +76,7 @@ export function applyStage(step, type, payload) {
 
 /**
  * What the page shows for a routed step (null for an agent step):
- * {capability, intent, resolution, decider}.
+ * {capability, intent, resolution, decider, memory}.
  */
 export function routingOf(step) {
   if (!step.routing && !step.actor) return null;
@@ -77,6 +84,7 @@ export function routingOf(step) {
   const classifier = stages.intent_classifier;
   const resolver = stages.reference_resolver;
   const decider = stages.continuation_decider;
+  const memory = stages.session_memory;
   return {
     capability: step.actor ?? null,
     intent: classifier?.state === "done" ? parseIntent(classifier.resultSummary) : null,
@@ -84,5 +92,6 @@ export function routingOf(step) {
       ? { input: resolver.arguments?.input ?? null, output: resolver.resultSummary ?? "" }
       : null,
     decider: decider ? parseVerdict(decider) : null,
+    memory: memory?.state === "done" ? memory.resultSummary ?? "" : null,
   };
 }

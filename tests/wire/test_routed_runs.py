@@ -49,6 +49,8 @@ ROUTED_RUN = [
     ("agent.tool.completed", "continuation_decider"),
     ("agent.continuation", None),
     ("agent.step.completed", None),
+    ("agent.tool.started", "session_memory"),
+    ("agent.tool.completed", "session_memory"),
     ("agent.status", None),
 ]
 
