@@ -2,14 +2,15 @@
 
 Three capabilities:
 
-- ``weather_agent``: the demo agent (weather + calculator tools) run on the request;
+- ``weather_agent``: the demo agent (weather + calculator tools) run on the request
+  (weather questions and arithmetic);
 - ``chat``: a plain chat answer;
 - ``summarize``: a short summary of the text after ``summarize:``.
 
 With the scripted driver everything is deterministic and offline: a rule-based
-classifier (summary requests, then weather requests, else chat), a follow-up resolver
-("and in Paris?" after a weather request asks about Paris), scripted chat and summary
-answers. With ``AGENT_DEMO_DRIVER=openai`` the classifier, the resolver and the
+classifier (summary requests, then weather requests and arithmetic, else chat), a
+follow-up resolver ("and in Paris?" after a weather request asks about Paris), scripted
+chat and summary answers. With ``AGENT_DEMO_DRIVER=openai`` the classifier, the resolver and the
 capabilities use the OpenAI-compatible driver. The decider is the no-op one (the routing design's
 production default): each request runs one capability.
 
@@ -175,7 +176,8 @@ class FollowUpResolver:
 
 
 def demo_classifier() -> RuleBasedClassifier:
-    """Summary requests, then weather requests; anything else is chat."""
+    """Summary requests, then weather requests and arithmetic (the agent has the
+    weather and calculator tools); anything else is chat."""
     rules = [
         Rule(
             "summarize",
@@ -192,6 +194,14 @@ def demo_classifier() -> RuleBasedClassifier:
             confidence=0.9,
             reason="the request is about the weather",
         ),
+        Rule(
+            "weather_agent",
+            # A number, an operator, a number (the agent's calculator); anchored like
+            # the weather rule, so one pass over the message.
+            r"(?s)^(?=.*\d[\s)]*(?:\*\*|[-+*/%\u00d7\u00f7^]|\b(?:plus|minus|times|x)\b)[\s(]*\d)(?P<text>.*)",
+            confidence=0.8,
+            reason="the request is arithmetic (the agent has a calculator)",
+        ),
     ]
     return RuleBasedClassifier(rules, default="chat", default_confidence=0.4)
 
@@ -199,7 +209,9 @@ def demo_classifier() -> RuleBasedClassifier:
 def _chat_reply(text: str) -> str:
     return (
         f"You said: {text.strip()!r}. I route each request to a capability: ask about "
-        "the weather somewhere, or write 'summarize: <text>'."
+        "the weather somewhere, ask for arithmetic (e.g. 'What is 6 * 7?'), or write "
+        "'summarize: <text>'. (A scripted stand-in for a model answers here; "
+        "AGENT_DEMO_DRIVER=openai uses a real one.)"
     )
 
 

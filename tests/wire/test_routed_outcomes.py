@@ -179,7 +179,7 @@ async def test_wait_answers_the_run_response_when_the_run_ends(demo: ServerProce
         assert body["result"]["success"] is False
 
         agent = await http.post(
-            f"{demo.url}/run", json={"input": "Weather in Lima?", "mode": "agent", "wait": True}
+            f"{demo.url}/run", json={"input": "What is 6 * 7?", "mode": "agent", "wait": True}
         )
         assert agent.status_code == 200, agent.text
         body = agent.json()
@@ -188,7 +188,13 @@ async def test_wait_answers_the_run_response_when_the_run_ends(demo: ServerProce
             None,
             "agent",
         )
-        assert body["output"].startswith("In Lima it is")
+        assert body["output"] == "6 * 7 = 42."
+
+        routed_math = await http.post(
+            f"{demo.url}/run", json={"input": "What is 6 * 7?", "mode": "route", "wait": True}
+        )
+        body = routed_math.json()
+        assert (body["output"], body["result"]["capability"]) == ("6 * 7 = 42.", "weather_agent")
 
 
 async def test_a_wait_that_runs_out_answers_202_with_a_note(demo: ServerProcess) -> None:
