@@ -21,12 +21,9 @@ from broadcaster.node import Node
 from broadcaster.publication import Position
 from broadcaster.publishers import state_key
 from broadcaster.settings import AppConfig
-from broadcaster.sse import ChannelFeed
+from broadcaster.sse import ChannelFeed, is_final_status
 
-__all__ = ["FINAL_STATUSES", "final_status", "run_response", "timed_out", "wait_or_note"]
-
-FINAL_STATUSES = frozenset({"completed", "failed"})
-"""The ``agent.status`` values that end a run."""
+__all__ = ["final_status", "run_response", "timed_out", "wait_or_note"]
 
 
 async def final_status(
@@ -43,14 +40,11 @@ async def final_status(
     async with ChannelFeed(node, app, handle.channel, since) as feed:
         while (left := deadline - time.monotonic()) > 0 and feed.ended is None:
             for item in await feed.receive(left):
-                if item.event != "agent.status":
+                if not is_final_status(item):
                     continue
                 envelope = orjson.loads(item.data)
-                payload: dict[str, Any] = envelope.get("payload") or {}
-                if (
-                    envelope.get("execution_id") == handle.execution_id
-                    and payload.get("status") in FINAL_STATUSES
-                ):
+                if envelope.get("execution_id") == handle.execution_id:
+                    payload: dict[str, Any] = envelope["payload"]
                     return payload
     return None
 
