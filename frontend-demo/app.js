@@ -5,6 +5,7 @@
 // vendor/ (see vendor/README.md).
 
 import { ChannelFeed } from "./js/feed.js";
+import { driverNote, renderStepLimit } from "./js/controls.js";
 import { applyEnvelope, createRun, fillFromSnapshot, reconcile, TERMINAL } from "./js/run-model.js";
 import { DashboardView } from "./js/view.js";
 import { installTap } from "./js/wire-tap.js";
@@ -345,6 +346,10 @@ async function main() {
     return;
   }
   if (app.config.run_default_mode) document.getElementById("mode-select").value = app.config.run_default_mode;
+  const form = document.getElementById("run-form");
+  renderStepLimit(form, app.config);
+  form.elements.mode.addEventListener("change", () => renderStepLimit(form, app.config));
+  document.getElementById("driver-note").textContent = driverNote(app.config);
   document.getElementById("run-form").addEventListener("submit", startRun);
   document.getElementById("attach-form").addEventListener("submit", attach);
   document.body.dataset.ready = "true";

@@ -6,7 +6,8 @@ wires ``agent_core`` into ``broadcaster``; ``broadcaster`` never imports it.
 
 Routes:
     ``GET /``                      the dashboard (``frontend-demo/``)
-    ``GET /api/demo/config``       what the page needs: app key, private sessions, auth URL
+    ``GET /api/demo/config``       what the page needs: app key, private sessions, auth URL,
+                                   default mode, driver, each mode's default step limit
     ``POST /run``                  ``{input, session_id?, trace?, pace_ms?, mode?}`` -> 202
                                    ``{session_id, execution_id, channel, state_url,
                                    position, auth?}``; subscribe with ``position`` to
@@ -58,6 +59,8 @@ from agent_core.app.runs import (
     SessionBusy,
 )
 from agent_core.app.worker import RunQueue
+from agent_core.builder import DEFAULT_MAX_STEPS
+from agent_core.orchestrators.routing.router import ROUTING_MAX_STEPS
 from broadcaster._text import excerpt
 from broadcaster.backends import BackendUnavailable
 from broadcaster.extensions import ExtensionContext, ExtensionError
@@ -283,6 +286,8 @@ def _config(demo: _Demo) -> Any:
                 "private_sessions": demo.settings.private_sessions,
                 "auth_endpoint": AUTH_PATH,
                 "run_default_mode": demo.settings.run_default_mode,
+                "driver": demo.settings.driver,
+                "default_max_steps": {"agent": DEFAULT_MAX_STEPS, "route": ROUTING_MAX_STEPS},
             }
         )
 

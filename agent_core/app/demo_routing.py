@@ -46,7 +46,7 @@ from agent_core.orchestrators.routing.memory import (
     SessionContext,
     SessionMemory,
 )
-from agent_core.orchestrators.routing.router import CapabilityRouter
+from agent_core.orchestrators.routing.router import ROUTING_MAX_STEPS, CapabilityRouter
 from agent_core.state import AgentStatus
 
 __all__ = [
@@ -271,6 +271,9 @@ def _parts(
         if model is not None:
             classifier = ModelIntentClassifier(model(), registry)
             resolver = ModelReferenceResolver(model())
-        return CapabilityRouter(registry, classifier, resolver=resolver, memory=memory)
+        limit = min(request.max_steps or ROUTING_MAX_STEPS, ROUTING_MAX_STEPS)
+        return CapabilityRouter(
+            registry, classifier, resolver=resolver, memory=memory, max_steps=limit
+        )
 
     return DemoParts(driver_factory=agent, tools=demo_tools, router_factory=router)

@@ -137,7 +137,8 @@ class RunRequest(BaseModel):
         default=None,
         ge=1,
         le=DEFAULT_MAX_STEPS,
-        description=f"a lower step limit for this run (default {DEFAULT_MAX_STEPS})",
+        description=f"a lower step limit for this run (default {DEFAULT_MAX_STEPS}; a "
+        "routed run executes at most 5 capabilities)",
     )
     mode: RunMode | None = Field(
         default=None,

@@ -215,3 +215,16 @@ async def test_a_wait_that_runs_out_answers_202_with_a_note(demo: ServerProcess)
             )
             assert refused.status_code == 422, refused.text
             assert "wait_seconds" in refused.json()["error"]
+
+
+@pytest.mark.parametrize(("asked", "limit"), [(2, 2), (20, 5), (None, 5)])
+async def test_a_routed_runs_step_limit_is_the_requests_up_to_five(
+    demo: ServerProcess, clients: Connect, asked: int | None, limit: int
+) -> None:
+    body: dict[str, Any] = {"input": "Hello", "trace": True}
+    if asked is not None:
+        body["max_steps"] = asked
+    _, events = await follow(demo, clients, **body)
+    trace = next(p for _, k, p in events if k == "agent.continuation")
+    steps = next(e for e in trace["evaluations"] if e["criterion"] == "StepsLimit")
+    assert steps["reason"].endswith(f"step 1 of {limit}")
