@@ -5,11 +5,11 @@ Frames queued for a connection within one event-loop tick are written with one
 fanning a publication out to many subscribers costs one list append each and no task,
 await or encode per subscriber.
 
-Slow-consumer policy (named, per STYLE.md): when a connection's unsent bytes (its own
-pending frames plus the transport's write buffer) would exceed ``max_buffer_bytes``, the
-connection is closed with code 4100 ("over capacity", reconnect with back-off) and its
-pending frames are dropped. The other subscribers of the same publications are not
-delayed or affected.
+Slow-consumer policy (named, per the style guide in docs/development.md): when a
+connection's unsent bytes (its own pending frames plus the transport's write buffer)
+would exceed ``max_buffer_bytes``, the connection is closed with code 4100 ("over
+capacity", reconnect with back-off) and its pending frames are dropped. The other
+subscribers of the same publications are not delayed or affected.
 """
 
 from __future__ import annotations
