@@ -760,11 +760,22 @@ def _routed_snapshot(state: RoutingState, context: SessionContext) -> dict[str, 
 
 
 def _result(result: CapabilityResult | None) -> dict[str, Any] | None:
-    """A capability result for the snapshot (output clipped; usage is the steps')."""
+    """A capability result for the snapshot (output and metadata values clipped to
+    2,000 characters; usage is the steps')."""
     if result is None:
         return None
     data = result.model_dump(mode="json", exclude={"usage"})
-    return {**data, "output": _clip(result.output)}
+    metadata = {k: _bounded(v) for k, v in data["metadata"].items()}
+    return {**data, "output": _clip(result.output), "metadata": metadata}
+
+
+def _bounded(value: Any, limit: int = 2000) -> Any:
+    """A metadata value as stored: a string clipped, anything longer than ``limit``
+    characters of JSON as its clipped JSON text (a capability's metadata is its own)."""
+    if isinstance(value, str):
+        return _clip(value, limit)
+    text = orjson.dumps(value).decode()
+    return value if len(text) <= limit else _clip(text, limit)
 
 
 def _context_of(session_id: str, snapshot: dict[str, Any]) -> SessionContext:
