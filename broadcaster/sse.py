@@ -516,8 +516,9 @@ def resume_position(request: Request) -> Position | None:
     if text.strip() == FROM_START:
         raise _Refused(
             400,
-            "since=0 (from the start of the kept history) is for the SSE event streams; "
-            "here pass a position '<epoch>:<offset>'",
+            "since=0 (from the start of the kept history) is served by "
+            "/api/sessions/{id}/events and /api/channels/{channel}/events; here pass a "
+            "position '<epoch>:<offset>'",
         )
     try:
         return Position.parse(text.strip())

@@ -146,3 +146,14 @@ async def test_bad_until_and_since_values_get_400_with_a_message(
         response = await http.get(f"{live.url}{path}")
     assert response.status_code == 400, response.text
     assert says in response.json()["error"]
+
+
+async def test_since_zero_elsewhere_says_where_it_is_served(start_server: StartServer) -> None:
+    """The Vercel AI stream resumes from positions only: since=0 gets a 400 naming the
+    endpoints that serve it."""
+    live = await start_server(demo=True)
+    run = await run_to_end(live)
+    async with httpx.AsyncClient() as http:
+        response = await http.get(f"{live.url}/vercel-ai/{run['session_id']}/stream?since=0")
+    assert response.status_code == 400, response.text
+    assert "/api/sessions/{id}/events" in response.json()["error"]
