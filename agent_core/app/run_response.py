@@ -23,22 +23,28 @@ from broadcaster.publishers import state_key
 from broadcaster.settings import AppConfig
 from broadcaster.sse import ChannelFeed, is_final_status
 
-__all__ = ["final_status", "run_response", "timed_out", "wait_or_note"]
+__all__ = ["FeedEnded", "final_status", "run_response", "timed_out", "wait_or_note"]
+
+
+class FeedEnded(Exception):
+    """The channel's feed ended before the run did (the server is shutting down, or
+    the feed fell too far behind)."""
 
 
 async def final_status(
     node: Node, app: AppConfig, handle: RunHandle, seconds: float
 ) -> dict[str, Any] | None:
     """The payload of the run's final ``agent.status``, or None if it did not come
-    within ``seconds`` (or the feed ended: it fell too far behind).
+    within ``seconds``.
 
     Raises:
         BackendUnavailable: the channel cannot be followed.
+        FeedEnded: the feed ended first (its reason is the message).
     """
     since = None if handle.position is None else Position.parse(handle.position)
     deadline = time.monotonic() + seconds
     async with ChannelFeed(node, app, handle.channel, since) as feed:
-        while (left := deadline - time.monotonic()) > 0 and feed.ended is None:
+        while (left := deadline - time.monotonic()) > 0:
             for item in await feed.receive(left):
                 if not is_final_status(item):
                     continue
@@ -46,6 +52,8 @@ async def final_status(
                 if envelope.get("execution_id") == handle.execution_id:
                     payload: dict[str, Any] = envelope["payload"]
                     return payload
+            if feed.ended is not None:
+                raise FeedEnded(feed.ended)
     return None
 
 
@@ -105,6 +113,6 @@ async def wait_or_note(
     """(final status payload, None) or (None, the note of :func:`timed_out`)."""
     try:
         status = await final_status(node, app, handle, seconds)
-    except BackendUnavailable as exc:
-        return None, timed_out(handle, seconds, f"the run cannot be followed now ({exc})")
+    except (BackendUnavailable, FeedEnded) as exc:
+        return None, timed_out(handle, seconds, f"the run cannot be followed here now ({exc})")
     return (status, None) if status is not None else (None, timed_out(handle, seconds))

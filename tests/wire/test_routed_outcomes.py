@@ -5,13 +5,15 @@ the channel, blank input is refused, and ``"wait": true`` answers the RunRespons
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.support.live import Client
+from tests.reliability.helpers import eventually
+from tests.support.live import Client, StartServer
 from tests.support.processes import ServerProcess
 from tests.wire.test_routed_runs import phases, routed, tool
 from tests.wire.test_runs import Event
@@ -228,3 +230,28 @@ async def test_a_routed_runs_step_limit_is_the_requests_up_to_five(
     trace = next(p for _, k, p in events if k == "agent.continuation")
     steps = next(e for e in trace["evaluations"] if e["criterion"] == "StepsLimit")
     assert steps["reason"].endswith(f"step 1 of {limit}")
+
+
+async def test_a_wait_whose_feed_ends_answers_202_saying_why(start_server: StartServer) -> None:
+    """The server closing its streams (shutdown) ends a wait at once: the usual 202,
+    with a note that says why, not a timeout."""
+    live = await start_server(demo=True)
+    async with httpx.AsyncClient(timeout=30) as http:
+        waiting = asyncio.create_task(
+            http.post(
+                f"{live.url}/run",
+                json={
+                    "input": "Weather in Oslo?",
+                    "wait": True,
+                    "wait_seconds": 60,
+                    "pace_ms": 400,
+                },
+            )
+        )
+        await eventually(lambda: live.node.streams, "the wait's feed to subscribe")
+        live.node.close_streams()
+        response = await waiting
+    assert response.status_code == 202, response.text
+    note = response.json()["note"]
+    assert note.startswith("the run cannot be followed here now (")
+    assert "until=final" in note
