@@ -62,7 +62,9 @@ RunView = dict[str, Any]
 """A run as the events built it (JSON data; see ``clients/js/src/run.ts``)."""
 
 TERMINAL: Final = frozenset({"completed", "failed"})
-STAGES: Final = frozenset({"reference_resolver", "intent_classifier", "continuation_decider"})
+STAGES: Final = frozenset(
+    {"reference_resolver", "intent_classifier", "continuation_decider", "session_memory"}
+)
 """Reserved tool names of a routed run's phases: kept apart from the step's tools."""
 
 RESUME_EVENT: Final = "broadcaster:resume"

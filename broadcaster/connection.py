@@ -5,16 +5,17 @@ Frames queued for a connection within one event-loop tick are written with one
 fanning a publication out to many subscribers costs one list append each and no task,
 await or encode per subscriber.
 
-Slow-consumer policy (named, per STYLE.md): when a connection's unsent bytes (its own
-pending frames plus the transport's write buffer) would exceed ``max_buffer_bytes``, the
-connection is closed with code 4100 ("over capacity", reconnect with back-off) and its
-pending frames are dropped. The other subscribers of the same publications are not
-delayed or affected. One message larger than ``max_buffer_bytes`` itself (a publisher's
-oversized event) is taken whole behind at most ``max_buffer_bytes`` unsent, and the limit
-counts what is queued beyond it: so it reaches every client that keeps up, live or in a
-resume (which sends it once nothing else is unsent), and a connection holds at most
-``max_buffer_bytes`` plus that one message. A second one while the first may still be
-unsent closes the connection like any overflow. Every close says why in its reason.
+Slow-consumer policy (named, per the style guide in docs/development.md): when a
+connection's unsent bytes (its own pending frames plus the transport's write buffer)
+would exceed ``max_buffer_bytes``, the connection is closed with code 4100 ("over
+capacity", reconnect with back-off) and its pending frames are dropped. The other
+subscribers of the same publications are not delayed or affected. One message larger
+than ``max_buffer_bytes`` itself (a publisher's oversized event) is taken whole behind at
+most ``max_buffer_bytes`` unsent, and the limit counts what is queued beyond it: so it
+reaches every client that keeps up, live or in a resume (which sends it once nothing else
+is unsent), and a connection holds at most ``max_buffer_bytes`` plus that one message. A
+second one while the first may still be unsent closes the connection like any overflow.
+Every close says why in its reason.
 """
 
 from __future__ import annotations

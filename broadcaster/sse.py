@@ -77,6 +77,7 @@ from starlette.types import Receive, Scope, Send
 
 from broadcaster import protocol
 from broadcaster._frames import Outgoing
+from broadcaster._text import excerpt
 from broadcaster.backends.base import BackendUnavailable
 from broadcaster.channels import (
     ChannelKind,
@@ -96,6 +97,8 @@ from broadcaster.settings import AppConfig
 from broadcaster.signing import verify_stream_auth
 
 __all__ = [
+    "FINAL_STATUSES",
+    "FROM_START",
     "HEARTBEAT",
     "MEDIA_TYPE",
     "ChannelFeed",
@@ -103,12 +106,18 @@ __all__ = [
     "FeedItem",
     "decode",
     "encode_event",
+    "is_final_status",
     "resume_position",
     "routes",
     "stream_feed",
 ]
 
 log = logging.getLogger("broadcaster.sse")
+
+FROM_START = "0"
+"""``?since=0``: from the start of the channel's kept history."""
+FINAL_STATUSES = frozenset({"completed", "failed"})
+"""The ``agent.status`` values that end a run (``?until=final`` stops after one)."""
 
 MEDIA_TYPE = "text/event-stream"
 HEARTBEAT = b": ping\n\n"
@@ -322,10 +331,11 @@ class EventStreamResponse(Response):
 
     media_type = MEDIA_TYPE
 
-    def __init__(self, feed: ChannelFeed, heartbeat: float) -> None:
+    def __init__(self, feed: ChannelFeed, heartbeat: float, *, until_final: bool = False) -> None:
         super().__init__(media_type=MEDIA_TYPE)
         self.feed = feed
         self.heartbeat = heartbeat
+        self.until_final = until_final
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -335,7 +345,8 @@ class EventStreamResponse(Response):
                 scope, receive, send
             )
             return
-        body = StreamingResponse(_events(self.feed, self.heartbeat), 200, _HEADERS, MEDIA_TYPE)
+        events = _events(self.feed, self.heartbeat, self.until_final)
+        body = StreamingResponse(events, 200, _HEADERS, MEDIA_TYPE)
         await stream_feed(self.feed, body, scope, receive, send)
 
 
@@ -382,7 +393,7 @@ def _abort(receive: Receive) -> None:
     transport.abort()
 
 
-async def _events(feed: ChannelFeed, heartbeat: float) -> AsyncIterator[bytes]:
+async def _events(feed: ChannelFeed, heartbeat: float, until_final: bool) -> AsyncIterator[bytes]:
     yield _comment(f"{feed.channel}")
     while True:
         items = await feed.receive(heartbeat)
@@ -391,7 +402,26 @@ async def _events(feed: ChannelFeed, heartbeat: float) -> AsyncIterator[bytes]:
                 yield b"".join(encode_event(item) for item in items)
             yield _comment(f"ended: {feed.ended}; reconnect with Last-Event-ID")
             return
+        if until_final:
+            final = next((i for i, item in enumerate(items) if is_final_status(item)), None)
+            if final is not None:
+                yield b"".join(encode_event(item) for item in items[: final + 1])
+                yield _comment("ended: the run's final agent.status (until=final)")
+                return
         yield b"".join(encode_event(item) for item in items) if items else HEARTBEAT
+
+
+def is_final_status(item: FeedItem) -> bool:
+    """Whether ``item`` is an ``agent.status`` that ends a run (``completed`` or
+    ``failed``)."""
+    if item.event != "agent.status":
+        return False
+    try:
+        envelope = orjson.loads(item.data)
+    except orjson.JSONDecodeError:
+        return False
+    payload = envelope.get("payload") if isinstance(envelope, dict) else None
+    return isinstance(payload, dict) and payload.get("status") in FINAL_STATUSES
 
 
 # -- routes ---------------------------------------------------------------------------
@@ -403,24 +433,74 @@ def routes(node: Node) -> list[BaseRoute]:
 
     async def session_events(request: Request) -> Response:
         try:
+            until_final = _until_final(request)
             app, channel, since = await _session_stream(node, request)
         except _Refused as exc:
             return _error(exc.status, str(exc))
         except BackendUnavailable as exc:
             return _error(503, str(exc))
-        return EventStreamResponse(ChannelFeed(node, app, channel, since), heartbeat)
+        feed = ChannelFeed(node, app, channel, since)
+        return EventStreamResponse(feed, heartbeat, until_final=until_final)
 
     async def channel_events(request: Request) -> Response:
         try:
+            until_final = _until_final(request)
             app, channel, since = _channel_stream(node, request)
+            if _from_start(request):
+                since = await _kept_start(node, app, channel)
         except _Refused as exc:
             return _error(exc.status, str(exc))
-        return EventStreamResponse(ChannelFeed(node, app, channel, since), heartbeat)
+        except BackendUnavailable as exc:
+            return _error(503, str(exc))
+        feed = ChannelFeed(node, app, channel, since)
+        return EventStreamResponse(feed, heartbeat, until_final=until_final)
 
     return [
         Route("/api/sessions/{session_id}/events", session_events, methods=["GET"]),
         Route("/api/channels/{channel}/events", channel_events, methods=["GET"]),
     ]
+
+
+def _until_final(request: Request) -> bool:
+    """``?until=final``: end the stream after the run's final ``agent.status``.
+
+    Raises:
+        SessionRefused: 400, any other value.
+    """
+    until = request.query_params.get("until")
+    if until is None:
+        return False
+    if until != "final":
+        raise _Refused(
+            400,
+            f"until: expected 'final' (end the stream after the run's final agent.status), "
+            f"got {excerpt(until)}",
+        )
+    return True
+
+
+def _from_start(request: Request) -> bool:
+    """``?since=0`` (and no ``Last-Event-ID``): from the start of the kept history."""
+    return not request.headers.get("last-event-id") and (
+        (request.query_params.get("since") or "").strip() == FROM_START
+    )
+
+
+async def _kept_start(node: Node, app: AppConfig, channel: str) -> Position | None:
+    """The position before the oldest publication the channel's history keeps (its
+    last ``history_size``), or None (live only) when it keeps none.
+
+    Raises:
+        BackendUnavailable: the backend cannot be read now.
+    """
+    latest = await node.backend.latest(app.id, channel)
+    return None if latest is None else _kept_from(latest, node.settings.history_size)
+
+
+def _kept_from(latest: Position, history_size: int) -> Position:
+    # A publication between this read and the history read may push the oldest one
+    # out: the resume then says recovered: false, never a silent gap.
+    return Position(max(0, latest.offset - history_size), latest.epoch)
 
 
 def resume_position(request: Request) -> Position | None:
@@ -433,6 +513,13 @@ def resume_position(request: Request) -> Position | None:
     text = request.headers.get("last-event-id") or request.query_params.get("since")
     if not text:
         return None
+    if text.strip() == FROM_START:
+        raise _Refused(
+            400,
+            "since=0 (from the start of the kept history) is served by "
+            "/api/sessions/{id}/events and /api/channels/{channel}/events; here pass a "
+            "position '<epoch>:<offset>'",
+        )
     try:
         return Position.parse(text.strip())
     except ValueError as exc:
@@ -442,9 +529,12 @@ def resume_position(request: Request) -> Position | None:
 async def _session_stream(node: Node, request: Request) -> tuple[AppConfig, str, Position | None]:
     session_id = request.path_params["session_id"]
     app = request_app(node, request)
-    since = resume_position(request)
+    from_start = _from_start(request)
+    since = None if from_start else resume_position(request)
     channel = await session_channel(node, app, request, session_id)
     latest = await node.backend.latest(app.id, channel)
+    if from_start and latest is not None:
+        since = _kept_from(latest, node.settings.history_size)
     if latest is not None and (
         latest.offset > 0 or (since is not None and since.epoch == latest.epoch)
     ):
@@ -470,7 +560,7 @@ def _channel_stream(node: Node, request: Request) -> tuple[AppConfig, str, Posit
             "SSE serves public and private channels",
         )
     app = request_app(node, request)
-    since = resume_position(request)
+    since = None if _from_start(request) else resume_position(request)
     if channel_kind(channel) is ChannelKind.PRIVATE:
         auth = request.query_params.get("auth")
         if not verify_stream_auth(app.key, app.secret, auth, channel):

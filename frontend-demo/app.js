@@ -12,6 +12,7 @@ import {
   reconcile,
   reduceRun,
 } from "./vendor/agent-broadcaster-client/index.js";
+import { driverNote, renderStepLimit } from "./js/controls.js";
 import { pageRun, TERMINAL } from "./js/run-model.js";
 import { DashboardView } from "./js/view.js";
 
@@ -360,6 +361,10 @@ async function main() {
     return;
   }
   if (app.config.run_default_mode) document.getElementById("mode-select").value = app.config.run_default_mode;
+  const form = document.getElementById("run-form");
+  renderStepLimit(form, app.config);
+  form.elements.mode.addEventListener("change", () => renderStepLimit(form, app.config));
+  document.getElementById("driver-note").textContent = driverNote(app.config);
   document.getElementById("run-form").addEventListener("submit", startRun);
   document.getElementById("attach-form").addEventListener("submit", attach);
   document.body.dataset.ready = "true";

@@ -159,8 +159,9 @@ def test_procfile_web_and_worker_run_an_agent_under_honcho(redis_server: RedisSe
 
 
 def test_broadcaster_never_imports_agent_core() -> None:
-    """The dependency points one way (STYLE.md): agent_core may use the broadcaster's
-    client-side pieces; the server reaches the demo only through an entry point."""
+    """The dependency points one way (docs/development.md, style guide): agent_core
+    may use the broadcaster's client-side pieces; the server reaches the demo only
+    through an entry point."""
     code = (
         "import pkgutil, importlib, sys, broadcaster\n"
         "for m in pkgutil.walk_packages(broadcaster.__path__, 'broadcaster.'):\n"

@@ -29,10 +29,12 @@ ProcessContinuationEvaluated           ``agent.continuation`` (trace option; rou
                                        evaluations)
 ProcessStepCompleted / ...StepFailed   ``agent.step.completed`` (errors counted,
                                        continuation summary)
+SessionMemoryAppended                  a pair named ``session_memory`` after the last
+                                       step (arguments: session_id, capability,
+                                       success; result: ``turn remembered · <n> kept``)
 ProcessCompleted                       ``agent.status`` (``completed`` / ``failed``,
                                        ``stop_reason``, usage, last response)
-ActorSelected, ProcessStateUpdated,    none (the actor travels in the step envelope)
-SessionMemoryAppended
+ActorSelected, ProcessStateUpdated     none (the actor travels in the step envelope)
 =====================================  ==================================================
 
 With ``defer_final=True`` the final ``agent.status`` waits for
@@ -127,6 +129,8 @@ class OrchestrationEventAdapter(EnvelopeEmitter):
             await self._stage(event, event.call_id, "intent_classifier", args, _intent(event))
         elif isinstance(event, oe.ContinuationDecided):
             await self._decided(event)
+        elif isinstance(event, oe.SessionMemoryAppended):
+            await self._remembered(event)
         elif isinstance(event, oe.ProcessContinuationEvaluated):
             await self._continuation(event, event.step_number, event.outcome)
         elif isinstance(event, oe.ProcessStepCompleted):
@@ -180,6 +184,25 @@ class OrchestrationEventAdapter(EnvelopeEmitter):
             error=event.error,
             duration_ms=event.duration_ms,
             result=None if event.decision is None else _verdict(event.decision),
+        )
+
+    async def _remembered(self, event: oe.SessionMemoryAppended) -> None:
+        """The turn kept in session memory, as a tool-like call after the last step."""
+        args = {
+            "session_id": event.session_id,
+            "capability": event.capability,
+            "success": event.success,
+        }
+        call_id = event.call_id or f"remember_{event.execution_id}"
+        await self._tool_started(event, call_id, "session_memory", args)
+        await self._tool_completed(
+            event,
+            call_id,
+            "session_memory",
+            success=True,
+            error=None,
+            duration_ms=event.duration_ms,
+            result=f"turn remembered · {event.turns} kept",
         )
 
     async def _step_completed(self, event: oe.ProcessStepCompleted) -> None:

@@ -6,11 +6,18 @@ wires ``agent_core`` into ``broadcaster``; ``broadcaster`` never imports it.
 
 Routes:
     ``GET /``                      the dashboard (``frontend-demo/``)
-    ``GET /api/demo/config``       what the page needs: app key, private sessions, auth URL
+    ``GET /api/demo/config``       what the page needs: app key, private sessions, auth URL,
+                                   default mode, driver, each mode's default step limit
     ``POST /run``                  ``{input, session_id?, trace?, pace_ms?, mode?}`` -> 202
                                    ``{session_id, execution_id, channel, state_url,
                                    position, auth?}``; subscribe with ``position`` to
-                                   receive the whole run however late you subscribe
+                                   receive the whole run however late you subscribe.
+                                   With ``wait: true`` (``wait_seconds?``, default 30):
+                                   200 when the run ends, plus ``{status, stop_reason,
+                                   output, error, result, metadata, waited: true}``
+                                   (:mod:`agent_core.app.run_response`); not ended by
+                                   then: the 202 answer plus ``waited: false`` and a
+                                   ``note`` saying how to follow it
     ``POST /broadcasting/auth``    signs ``private-agent.<session>`` subscriptions for the
                                    holder of that session's token (private sessions only)
 
@@ -21,6 +28,7 @@ Settings come from ``AGENT_DEMO_*`` environment variables (:class:`DemoSettings`
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -40,6 +48,7 @@ from starlette.staticfiles import StaticFiles
 from agent_core.app import agui, vercel_ai
 from agent_core.app._streams import client_address
 from agent_core.app.demo_routing import demo_parts
+from agent_core.app.run_response import run_response, wait_or_note
 from agent_core.app.runs import (
     BackendClaims,
     ClientRateLimit,
@@ -50,6 +59,8 @@ from agent_core.app.runs import (
     SessionBusy,
 )
 from agent_core.app.worker import RunQueue
+from agent_core.builder import DEFAULT_MAX_STEPS
+from agent_core.orchestrators.routing.router import ROUTING_MAX_STEPS
 from broadcaster._text import excerpt
 from broadcaster.backends import BackendUnavailable
 from broadcaster.extensions import ExtensionContext, ExtensionError
@@ -275,6 +286,8 @@ def _config(demo: _Demo) -> Any:
                 "private_sessions": demo.settings.private_sessions,
                 "auth_endpoint": AUTH_PATH,
                 "run_default_mode": demo.settings.run_default_mode,
+                "driver": demo.settings.driver,
+                "default_max_steps": {"agent": DEFAULT_MAX_STEPS, "route": ROUTING_MAX_STEPS},
             }
         )
 
@@ -295,6 +308,7 @@ def _run(demo: _Demo) -> Any:
             message = describe_validation(exc, "run request")
             return _error(422, message, details=validation_details(exc))
         assert demo.runs is not None, "the lifespan starts the run manager"
+        started = time.monotonic()
         try:
             refused = await _private_refusal(demo, request, run_request.session_id)
             if refused is not None:
@@ -316,7 +330,15 @@ def _run(demo: _Demo) -> Any:
         if demo.settings.private_sessions:
             token = session_token(demo.app, handle.session_id)
             answer["auth"] = {"endpoint": AUTH_PATH, "token": token}
-        return JSONResponse(answer, status_code=202)
+        if not run_request.wait:
+            return JSONResponse(answer, status_code=202)
+        timeout = run_request.wait_seconds
+        status, note = await wait_or_note(demo.node, demo.app, handle, timeout)
+        if status is None:
+            return JSONResponse({**answer, **(note or {})}, status_code=202)
+        mode = run_request.mode or demo.settings.run_default_mode
+        ended = await run_response(demo.node, demo.app, handle, mode, status, started)
+        return JSONResponse({**answer, **ended, "waited": True}, status_code=200)
 
     return run
 

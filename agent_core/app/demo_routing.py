@@ -2,14 +2,15 @@
 
 Three capabilities:
 
-- ``weather_agent``: the demo agent (weather + calculator tools) run on the request;
+- ``weather_agent``: the demo agent (weather + calculator tools) run on the request
+  (weather questions and arithmetic);
 - ``chat``: a plain chat answer;
 - ``summarize``: a short summary of the text after ``summarize:``.
 
 With the scripted driver everything is deterministic and offline: a rule-based
-classifier (summary requests, then weather requests, else chat), a follow-up resolver
-("and in Paris?" after a weather request asks about Paris), scripted chat and summary
-answers. With ``AGENT_DEMO_DRIVER=openai`` the classifier, the resolver and the
+classifier (summary requests, then weather requests and arithmetic, else chat), a
+follow-up resolver ("and in Paris?" after a weather request asks about Paris), scripted
+chat and summary answers. With ``AGENT_DEMO_DRIVER=openai`` the classifier, the resolver and the
 capabilities use the OpenAI-compatible driver. The decider is the no-op one (the routing design's
 production default): each request runs one capability.
 
@@ -45,7 +46,7 @@ from agent_core.orchestrators.routing.memory import (
     SessionContext,
     SessionMemory,
 )
-from agent_core.orchestrators.routing.router import CapabilityRouter
+from agent_core.orchestrators.routing.router import ROUTING_MAX_STEPS, CapabilityRouter
 from agent_core.state import AgentStatus
 
 __all__ = [
@@ -87,14 +88,18 @@ class WeatherAgentCapability:
         builder = AgentBuilder().with_driver(self.driver_factory(text)).with_tools(*self.tools())
         state = await builder.build().run(text)
         steps = state.steps()
+        metadata: dict[str, Any] = {
+            "agent_steps": len(steps),
+            "tools": [c.name for step in steps for c in step.tool_calls],
+        }
+        error = state.error_message()
+        if error is not None:
+            metadata["error"] = f"the agent failed: {error}"
         return CapabilityResult(
             capability=self.name,
             output=state.final_response(),
             success=state.status is AgentStatus.COMPLETED,
-            metadata={
-                "agent_steps": len(steps),
-                "tools": [c.name for step in steps for c in step.tool_calls],
-            },
+            metadata=metadata,
             usage=state.usage,
         )
 
@@ -171,7 +176,8 @@ class FollowUpResolver:
 
 
 def demo_classifier() -> RuleBasedClassifier:
-    """Summary requests, then weather requests; anything else is chat."""
+    """Summary requests, then weather requests and arithmetic (the agent has the
+    weather and calculator tools); anything else is chat."""
     rules = [
         Rule(
             "summarize",
@@ -188,6 +194,14 @@ def demo_classifier() -> RuleBasedClassifier:
             confidence=0.9,
             reason="the request is about the weather",
         ),
+        Rule(
+            "weather_agent",
+            # A number, an operator, a number (the agent's calculator); anchored like
+            # the weather rule, so one pass over the message.
+            r"(?s)^(?=.*\d[\s)]*(?:\*\*|[-+*/%\u00d7\u00f7^]|\b(?:plus|minus|times|x)\b)[\s(]*\d)(?P<text>.*)",
+            confidence=0.8,
+            reason="the request is arithmetic (the agent has a calculator)",
+        ),
     ]
     return RuleBasedClassifier(rules, default="chat", default_confidence=0.4)
 
@@ -195,7 +209,9 @@ def demo_classifier() -> RuleBasedClassifier:
 def _chat_reply(text: str) -> str:
     return (
         f"You said: {text.strip()!r}. I route each request to a capability: ask about "
-        "the weather somewhere, or write 'summarize: <text>'."
+        "the weather somewhere, ask for arithmetic (e.g. 'What is 6 * 7?'), or write "
+        "'summarize: <text>'. (A scripted stand-in for a model answers here; "
+        "AGENT_DEMO_DRIVER=openai uses a real one.)"
     )
 
 
@@ -255,6 +271,9 @@ def _parts(
         if model is not None:
             classifier = ModelIntentClassifier(model(), registry)
             resolver = ModelReferenceResolver(model())
-        return CapabilityRouter(registry, classifier, resolver=resolver, memory=memory)
+        limit = min(request.max_steps or ROUTING_MAX_STEPS, ROUTING_MAX_STEPS)
+        return CapabilityRouter(
+            registry, classifier, resolver=resolver, memory=memory, max_steps=limit
+        )
 
     return DemoParts(driver_factory=agent, tools=demo_tools, router_factory=router)

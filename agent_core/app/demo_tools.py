@@ -1,13 +1,25 @@
-"""Two deterministic demo tools and a ready-made demo script for the scripted driver.
+"""Two deterministic demo tools and the scripted stand-in for a model that uses them.
 
 ``get_weather`` invents weather from a hash of the city name (same city, same weather),
-``calculator`` evaluates arithmetic safely (no ``eval``). :func:`demo_script` scripts a
-run that asks for the weather, converts the temperature with the calculator, and
-streams a final answer built from the tools' real results.
+``calculator`` evaluates arithmetic safely (no ``eval``). :func:`demo_script` is what
+the demo agent "thinks" without a model: it picks its tools from the question, as a
+model would, but by rules:
+
+- a weather question (weather, temperature, forecast, warm, cold, or a place such as
+  "And in Lima?"): call ``get_weather`` for the city named (default Paris), convert
+  its temperature with ``calculator``, stream an answer built from both results;
+- arithmetic ("What is 6 * 7?", "12 plus 30", "2^10"): call ``calculator`` with the
+  expression, answer with its real result ("6 * 7 = 42.");
+- anything else: a plain answer saying what this stand-in can do.
+
+A real model answers anything: ``AGENT_DEMO_DRIVER=openai`` runs the demo with
+:class:`agent_core.drivers.openai.OpenAIChatDriver` (any chat-completions API).
 
 To see how a failure looks, put ``[fail:model]`` in the input (the model fails in step
-2, after the weather call) or ``[fail:tool]`` (step 2 calls the calculator with an
-expression it rejects). With ``max_steps: 2`` that is the run's last allowed step.
+2, after the first tool call) or ``[fail:tool]`` (step 2 calls the calculator with an
+expression it rejects). With ``max_steps: 2`` that is the run's last allowed step. A
+question with neither weather nor arithmetic in it takes the weather script when it
+carries one of these markers (a plain answer has no step 2).
 """
 
 from __future__ import annotations
@@ -35,11 +47,14 @@ from agent_core.tools import Tool
 __all__ = [
     "FAIL_MODEL",
     "FAIL_TOOL",
+    "arithmetic_in",
     "calculator",
     "demo_driver",
     "demo_script",
     "demo_tools",
     "get_weather",
+    "is_weather_question",
+    "plain_answer",
 ]
 
 FAIL_MODEL = "[fail:model]"
@@ -168,20 +183,103 @@ def _broken_convert(request: ModelRequest) -> ScriptedResponse | ScriptedFailure
 
 
 def demo_script(input_text: str) -> list[ScriptedTurn]:
+    """The scripted turns for ``input_text`` (see the module docstring): the weather
+    script, the arithmetic script or a plain answer, with :data:`FAIL_MODEL` or
+    :data:`FAIL_TOOL` making step 2 fail."""
+    failing = FAIL_MODEL in input_text or FAIL_TOOL in input_text
+    if not is_weather_question(input_text):
+        expression = arithmetic_in(input_text)
+        if expression is not None:
+            return _arithmetic_script(input_text, expression)
+        if not failing:
+            return [ScriptedResponse(text=plain_answer(input_text))]
+    return _weather_script(input_text)
+
+
+def _weather_script(input_text: str) -> list[ScriptedTurn]:
     """Three turns: call ``get_weather`` for the city named in ``input_text`` (default
-    Paris), convert its temperature with ``calculator``, stream the answer. With
-    :data:`FAIL_MODEL` or :data:`FAIL_TOOL` in the input, step 2 fails instead."""
+    Paris), convert its temperature with ``calculator``, stream the answer."""
     city = _city(input_text)
     first = ScriptedResponse(
         text=f"Let me check the weather in {city}.",
         tool_calls=(call("get_weather", "call_weather_1", city=city),),
     )
+    return [first, *_then(input_text, _convert, _answer)]
+
+
+def _arithmetic_script(input_text: str, expression: str) -> list[ScriptedTurn]:
+    """Two turns: call ``calculator`` with ``expression``, answer with its result."""
+    first = ScriptedResponse(
+        text=f"Let me compute {expression}.",
+        tool_calls=(call("calculator", "call_calc_0", expression=expression),),
+    )
+
+    def answer(request: ModelRequest) -> ScriptedResponse | ScriptedFailure:
+        return ScriptedResponse(text=f"{expression} = {_tool_output(request, 'call_calc_0')}.")
+
+    if FAIL_MODEL in input_text or FAIL_TOOL in input_text:
+        return [first, *_then(input_text, answer, answer)]
+    return [first, answer]
+
+
+def _then(input_text: str, *turns: ScriptedTurn) -> list[ScriptedTurn]:
+    """``turns``, or the failure the input asks for in their place (step 2)."""
     if FAIL_MODEL in input_text:
         failure = ModelError(f"the demo model failed on purpose ({FAIL_MODEL} in the input)")
-        return [first, ScriptedFailure(failure)]
+        return [ScriptedFailure(failure)]
     if FAIL_TOOL in input_text:
-        return [first, _broken_convert, _answer]
-    return [first, _convert, _answer]
+        return [_broken_convert, turns[-1]]
+    return list(turns)
+
+
+_WEATHER = re.compile(r"\b(?:weather|temperature|forecast|warm|cold)\b", re.IGNORECASE)
+_PLACE = re.compile(r"\b(?:in|for|at)\s+[A-Z][\w-]*")
+_WORDS = (
+    (re.compile(r"\b(?:multiplied\s+by|times)\b", re.IGNORECASE), " * "),
+    (re.compile(r"\bdivided\s+by\b", re.IGNORECASE), " / "),
+    (re.compile(r"\bplus\b", re.IGNORECASE), " + "),
+    (re.compile(r"\bminus\b", re.IGNORECASE), " - "),
+    (re.compile(r"\bmod(?:ulo)?\b", re.IGNORECASE), " % "),
+    (re.compile(r"(?<=[\d)])\s?[x\u00d7]\s?(?=[\d(])"), " * "),
+    (re.compile("\u00f7"), " / "),
+    (re.compile(r"\^"), " ** "),
+)
+_EXPRESSION = re.compile(r"[-+(]*\s*\d[\d\s.()+\-*/%]*")
+_OPERATION = re.compile(r"[\d)]\s*(?:\*\*|//|[-+*/%])\s*[-+(]*\s*\d")
+
+
+def is_weather_question(text: str) -> bool:
+    """Whether the demo agent treats ``text`` as a weather question."""
+    return _WEATHER.search(text) is not None or (
+        _PLACE.search(text) is not None and arithmetic_in(text) is None
+    )
+
+
+def arithmetic_in(text: str) -> str | None:
+    """The arithmetic expression in ``text`` (the multiplication and division signs,
+    ``x`` between numbers, ``^`` and the words plus, minus, times, divided by, mod as
+    operators), or None if it has none."""
+    text = " ".join(text.split())  # one space at most: every pattern below is linear
+    for pattern, operator_ in _WORDS:
+        text = pattern.sub(operator_, text)
+    for match in _EXPRESSION.finditer(text):
+        candidate = match.group().strip().rstrip("+-*/%( ").strip()
+        if _OPERATION.search(candidate) and candidate.count("(") == candidate.count(")"):
+            return " ".join(candidate.split())
+    return None
+
+
+def plain_answer(text: str) -> str:
+    """The stand-in's answer to what it has no tool for."""
+    asked = " ".join(text.split())
+    asked = asked if len(asked) <= 80 else asked[:79] + "…"
+    return (
+        f"I am the demo's scripted stand-in for a model, so I cannot really answer "
+        f"“{asked}”. I can look up the (invented) weather of a city "
+        "or compute arithmetic: try 'What is the weather in Oslo?' or 'What is 6 * 7?'. "
+        "For real answers, run the demo with AGENT_DEMO_DRIVER=openai "
+        "(agent_core/drivers/openai.py talks to any chat-completions model)."
+    )
 
 
 def demo_driver(input_text: str) -> ScriptedDriver:

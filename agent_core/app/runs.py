@@ -14,8 +14,9 @@ classify, execute a capability, ask the continuation decider, remember the turn)
 published by an :class:`~agent_core.adapters.orchestration_broadcasting.OrchestrationEventAdapter`;
 its final snapshot is the slim process snapshot (with the last continuation) plus a
 ``routing`` object (input, resolved input, intent, capabilities, decisions, decider
-errors, and the session's turns, which the next routed run of the session resolves
-against).
+errors, each step's capability result and the request's final one with their
+metadata and timing, and the session's turns, which the next routed run of the
+session resolves against).
 
 The manager does not know the demo: its composition root passes the agent's driver
 factory and tools, and the router factory (:mod:`agent_core.app.demo_routing`).
@@ -42,7 +43,7 @@ from itertools import islice
 from typing import Any, Literal, Protocol
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent_core._time import utc_now
 from agent_core.adapters.broadcasting import AdapterOptions, AgentEventAdapter
@@ -57,6 +58,7 @@ from agent_core.continuation import (
 from agent_core.drivers.base import ModelDriver, ModelRequest, StreamEvent
 from agent_core.messages import Role
 from agent_core.orchestrators.process_serialization import SlimProcessStateSerializer
+from agent_core.orchestrators.routing.capabilities import CapabilityResult
 from agent_core.orchestrators.routing.memory import SessionContext, SessionMemory, SessionTurn
 from agent_core.orchestrators.routing.router import CapabilityRouter, RoutingState
 from agent_core.slim import SlimAgentStateSerializer, SlimSerializationConfig
@@ -67,8 +69,10 @@ from broadcaster.envelope import channel_for
 from broadcaster.publishers import Publisher, StateStore
 
 __all__ = [
+    "MAX_WAIT_SECONDS",
     "ROUTE_MEMORY_TURNS",
     "SESSION_ID_PATTERN",
+    "WAIT_SECONDS",
     "BackendClaims",
     "ClientRateLimit",
     "DriverFactory",
@@ -101,6 +105,10 @@ DriverFactory = Callable[[str], ModelDriver]
 ToolsFactory = Callable[[], Sequence[Tool]]
 """Makes the tools of one agent run."""
 RunMode = Literal["agent", "route"]
+WAIT_SECONDS = 30.0
+"""How long ``POST /run`` with ``wait`` waits for the run's end by default."""
+MAX_WAIT_SECONDS = 300.0
+"""The longest wait a request may ask for (a held connection must be bounded)."""
 ROUTE_MEMORY_TURNS = 20
 """Turns of a session a routed run remembers (stored with its snapshot)."""
 SnapshotLoader = Callable[[str], Awaitable[bytes | None]]
@@ -129,13 +137,34 @@ class RunRequest(BaseModel):
         default=None,
         ge=1,
         le=DEFAULT_MAX_STEPS,
-        description=f"a lower step limit for this run (default {DEFAULT_MAX_STEPS})",
+        description=f"a lower step limit for this run (default {DEFAULT_MAX_STEPS}; a "
+        "routed run executes at most 5 capabilities)",
     )
     mode: RunMode | None = Field(
         default=None,
         description="agent: the tool-using agent; route: the capability router; "
         "default: the server's setting",
     )
+    wait: bool = Field(
+        default=False,
+        description="answer when the run ends (200, the RunResponse: status, output, "
+        "capability result, metadata with timing) instead of at once; after "
+        "wait_seconds the usual 202 answer, with waited: false and a note",
+    )
+    wait_seconds: float = Field(
+        default=WAIT_SECONDS,
+        gt=0,
+        le=MAX_WAIT_SECONDS,
+        description=f"how long a wait may last (default {WAIT_SECONDS:g}, at most "
+        f"{MAX_WAIT_SECONDS:g})",
+    )
+
+    @field_validator("input")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("the input is blank: send the question or request to run")
+        return value
 
 
 RouterFactory = Callable[[RunRequest, SessionMemory], CapabilityRouter]
@@ -723,9 +752,30 @@ def _routed_snapshot(state: RoutingState, context: SessionContext) -> dict[str, 
             for r in steps
         ],
         "decider_errors": [r.step.decider_error for r in steps],
+        "results": [_result(r.step.result) for r in steps],
+        "result": _result(state.result()),
         "context": {"session_id": context.session_id, "turns": turns},
     }
     return snapshot
+
+
+def _result(result: CapabilityResult | None) -> dict[str, Any] | None:
+    """A capability result for the snapshot (output and metadata values clipped to
+    2,000 characters; usage is the steps')."""
+    if result is None:
+        return None
+    data = result.model_dump(mode="json", exclude={"usage"})
+    metadata = {k: _bounded(v) for k, v in data["metadata"].items()}
+    return {**data, "output": _clip(result.output), "metadata": metadata}
+
+
+def _bounded(value: Any, limit: int = 2000) -> Any:
+    """A metadata value as stored: a string clipped, anything longer than ``limit``
+    characters of JSON as its clipped JSON text (a capability's metadata is its own)."""
+    if isinstance(value, str):
+        return _clip(value, limit)
+    text = orjson.dumps(value).decode()
+    return value if len(text) <= limit else _clip(text, limit)
 
 
 def _context_of(session_id: str, snapshot: dict[str, Any]) -> SessionContext:

@@ -148,9 +148,17 @@ class ContinuationDecided(ProcessEvent):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SessionMemoryAppended(ProcessEvent):
+    """The request's turn was remembered (``turns``: the session's turns now kept;
+    ``capability``, ``success``: the turn's; ``step_number``: the request's last step)."""
+
     type: ClassVar[str] = "routing.memory.appended"
     session_id: str
     turns: int
+    call_id: str = ""
+    capability: str | None = None
+    success: bool = True
+    duration_ms: float = 0.0
+    step_number: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

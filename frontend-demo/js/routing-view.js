@@ -30,4 +30,5 @@ export function renderRouting(card, step) {
   row(root, "resolved", rewritten ? `“${resolution.input}” → “${rewritten}”` : resolution ? "unchanged" : "");
   const decider = row(root, "decider", routing.decider?.text);
   decider.dataset.verdict = routing.decider?.verdict ?? "none";
+  row(root, "memory", routing.memory);
 }

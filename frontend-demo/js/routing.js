@@ -11,6 +11,8 @@
 //   continuation_decider  args {capability, success, duration_ms, session_id},
 //                         result "done[ · final output: …]" | "continue → <cap>(<args>)",
 //                         success false with the decider's error
+//   session_memory        args {session_id, capability, success}, result
+//                         "turn remembered · <n> kept" (after the request's last step)
 // The capability itself is the step's actor (agent.step.started) and a tool pair.
 
 /** {capability, confidence, reason} from the classifier's result summary. */
@@ -38,7 +40,7 @@ export function parseVerdict(decider) {
 
 /**
  * What the page shows for a routed step (null for an agent step):
- * {capability, intent, resolution, decider}.
+ * {capability, intent, resolution, decider, memory}.
  */
 export function routingOf(step) {
   if (!step.routing && !step.actor) return null;
@@ -46,6 +48,7 @@ export function routingOf(step) {
   const classifier = stages.intent_classifier;
   const resolver = stages.reference_resolver;
   const decider = stages.continuation_decider;
+  const memory = stages.session_memory;
   return {
     capability: step.actor ?? null,
     intent: classifier?.state === "done" ? parseIntent(classifier.resultSummary) : null,
@@ -53,5 +56,6 @@ export function routingOf(step) {
       ? { input: resolver.arguments?.input ?? null, output: resolver.resultSummary ?? "" }
       : null,
     decider: decider ? parseVerdict(decider) : null,
+    memory: memory?.state === "done" ? memory.resultSummary ?? "" : null,
   };
 }

@@ -2,6 +2,7 @@
 // step and tool, so focus, scrolling and open <details> survive live updates).
 
 import { finalText, orderedSteps, stepText, TERMINAL, totals } from "./run-model.js";
+import { explainContinuation } from "./explain.js";
 import { renderRouting } from "./routing-view.js";
 
 const $ = (id) => document.getElementById(id);
@@ -200,6 +201,10 @@ export class DashboardView {
     setText(box.querySelector(".should-continue"), String(cont.should_continue));
     setText(box.querySelector(".cont-stop"), cont.stop_reason ?? "—");
     setText(box.querySelector(".cont-resolved"), cont.resolved_by ?? "—");
+    const why = explainContinuation(cont);
+    const explanation = box.querySelector(".cont-why");
+    explanation.dataset.rule = why.rule;
+    setText(explanation, why.text);
     const rows = (cont.evaluations || []).map((evaluation) => {
       const row = document.createElement("tr");
       row.dataset.decision = evaluation.decision;

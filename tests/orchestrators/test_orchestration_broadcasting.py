@@ -210,8 +210,9 @@ async def test_routing_stages_and_the_decider_are_visible() -> None:
         "continuation_decider",
         "calculator",
         "continuation_decider",
+        "session_memory",
     ]
-    assert [t.step_number for t in tools] == [1, 1, 1, 1, 2, 2]  # type: ignore[union-attr]
+    assert [t.step_number for t in tools] == [1, 1, 1, 1, 2, 2, 2]  # type: ignore[union-attr]
     assert all(t.tool_call_id for t in tools)  # type: ignore[union-attr]
     completed = [e.payload for e in envelopes if e.type == "agent.tool.completed"]
     assert completed[1].result_summary.startswith(  # type: ignore[union-attr]
@@ -235,6 +236,18 @@ async def test_routing_stages_and_the_decider_are_visible() -> None:
     assert [d.decision for d in decider] == ["request", "stop"]
     assert "run calculator" in decider[0].reason
     assert envelopes[-1].payload.last_response == "50 °F"  # type: ignore[union-attr]
+    # The memory append is on the channel, before the final status.
+    assert [e.type for e in envelopes[-3:]] == [
+        "agent.tool.started",
+        "agent.tool.completed",
+        "agent.status",
+    ]
+    assert tools[-1].arguments == {  # type: ignore[union-attr]
+        "session_id": "s1",
+        "capability": "calculator",
+        "success": True,
+    }
+    assert completed[-1].result_summary.startswith("turn remembered · ")  # type: ignore[union-attr]
 
 
 async def test_a_failed_run_ends_with_a_failed_status() -> None:

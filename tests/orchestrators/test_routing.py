@@ -9,6 +9,7 @@ import pytest
 from agent_core.app.demo_tools import calculator, get_weather
 from agent_core.continuation import ContinuationDecision, StopReason
 from agent_core.drivers.scripted import ScriptedDriver, ScriptedResponse
+from agent_core.error_policy import ErrorPolicy
 from agent_core.errors import ErrorType, ValidationError
 from agent_core.events import ToolCallCompleted, ToolCallStarted
 from agent_core.orchestrators.orchestration_events import (
@@ -153,7 +154,10 @@ async def test_a_decider_naming_an_unknown_capability_fails_the_next_step() -> N
 
 
 async def test_a_raising_capability_is_a_failed_tool_like_call() -> None:
-    orchestrator, recorder = router()
+    """Its call is in the step's tool_calls, the decider sees the failed result, and
+    the request fails with the error (seed 002: the decider gets the full result)."""
+    decider = RecordingDecider(ContinuationResult(done=True))
+    orchestrator, recorder = router(decider=decider)
     state = await orchestrator.handle("compute 2 +")
     assert state.status is AgentStatus.FAILED
     assert state.stop_reason() is StopReason.ERROR
@@ -162,24 +166,61 @@ async def test_a_raising_capability_is_a_failed_tool_like_call() -> None:
     assert completed.error is not None
     assert "not an arithmetic expression" in completed.error
     step = state.steps()[0]
+    assert [(c.id, c.name) for c in step.tool_calls] == [(completed.tool_call_id, "calculator")]
     assert step.errors[0].tool_call_id == completed.tool_call_id
+    (seen,) = decider.seen
+    assert seen.success is False
+    assert "not an arithmetic expression" in seen.metadata["error"]
+    assert step.result == seen
+    (decided,) = recorder.of(ContinuationDecided)
+    assert decided.success is False
+    assert state.error_message() == f"capability 'calculator' failed: {seen.metadata['error']}"
     answer = state.result()
     assert answer is not None
     assert answer.success is False
+    assert answer.metadata["error"] == state.error_message()
+    slim = SlimProcessStateSerializer(RoutingState).serialize(state)
+    assert slim["steps"][0]["tool_calls"] == [{"id": completed.tool_call_id, "name": "calculator"}]
 
 
-async def test_an_unsuccessful_result_is_reported_not_raised() -> None:
+async def test_an_unsuccessful_result_fails_the_request_after_the_decider_saw_it() -> None:
+    """A reported failure is the capability's result (the decider sees it) and the
+    step's tool error: with the default policy the request fails, saying why."""
+
     def lookup(key: str) -> CapabilityResult:
         """Look a key up."""
         return CapabilityResult(capability="lookup", output="not found", success=False)
 
+    decider = RecordingDecider(ContinuationResult(done=True))
     classifier = RuleBasedClassifier([Rule("lookup", r"lookup (?P<key>\w+)")])
-    orchestrator = CapabilityRouter([lookup], classifier)
+    orchestrator = CapabilityRouter([lookup], classifier, decider=decider)
     state = await orchestrator.handle("lookup k")
-    assert state.status is AgentStatus.COMPLETED
+    assert (state.status, state.stop_reason()) == (AgentStatus.FAILED, StopReason.ERROR)
+    assert state.error_message() == "capability 'lookup' reported failure: not found"
+    assert [r.output for r in decider.seen] == ["not found"]
     answer = state.result()
     assert answer is not None
     assert (answer.output, answer.success) == ("not found", False)
+
+
+async def test_the_decider_may_recover_from_a_failure_the_policy_tolerates() -> None:
+    """With a policy that ignores tool errors, the decider that saw the failure picks
+    the next capability, and the model decider is told what failed."""
+    driver = ScriptedDriver(
+        [
+            decide(done=False, next_capability="get_weather", arguments={"city": "Oslo"}),
+            decide(done=True),
+        ]
+    )
+    orchestrator, _ = router(
+        decider=ModelContinuationDecider(driver), error_policy=ErrorPolicy.ignore_tool_errors()
+    )
+    state = await orchestrator.handle("compute 2 +")
+    assert [s.capability for s in state.steps()] == ["calculator", "get_weather"]
+    assert (state.status, state.stop_reason()) == (AgentStatus.COMPLETED, StopReason.COMPLETED)
+    assert "calculator (failed: ValueError: not an arithmetic expression" in (
+        driver.requests[0].messages[1].content
+    )
 
 
 async def test_the_default_classifier_routes_by_capability_name() -> None:

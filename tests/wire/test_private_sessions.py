@@ -49,6 +49,8 @@ async def test_config_announces_private_sessions(private_demo: LiveServer) -> No
         "private_sessions": True,
         "auth_endpoint": "/broadcasting/auth",
         "run_default_mode": "agent",
+        "driver": "scripted",
+        "default_max_steps": {"agent": 20, "route": 5},
     }
 
 

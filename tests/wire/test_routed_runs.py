@@ -17,6 +17,7 @@ from agent_core.app.demo_routing import demo_parts
 from agent_core.app.demo_tools import demo_driver
 from agent_core.app.runs import RunManager, RunRequest
 from agent_core.orchestrators.routing.capabilities import CapabilityResult
+from agent_core.orchestrators.routing.classifier import RuleBasedClassifier
 from agent_core.orchestrators.routing.decider import ContinuationResult
 from agent_core.orchestrators.routing.memory import SessionMemory
 from agent_core.orchestrators.routing.router import CapabilityRouter
@@ -49,6 +50,8 @@ ROUTED_RUN = [
     ("agent.tool.completed", "continuation_decider"),
     ("agent.continuation", None),
     ("agent.step.completed", None),
+    ("agent.tool.started", "session_memory"),
+    ("agent.tool.completed", "session_memory"),
     ("agent.status", None),
 ]
 
@@ -329,3 +332,28 @@ async def test_the_demo_classifier_reads_a_long_message_in_one_pass() -> None:
     weather = await classifier.classify(message, None)
     assert weather.capability == "weather_agent"
     assert weather.arguments["text"] == message.strip()
+
+
+async def test_the_stored_capability_results_are_bounded() -> None:
+    """A capability's output and metadata are its own: the snapshot keeps at most
+    2,000 characters of each value."""
+
+    def big(text: str) -> CapabilityResult:
+        """Answer at length."""
+        metadata = {"note": "n" * 10_000, "items": list(range(5_000)), "small": [1, 2]}
+        return CapabilityResult(capability="big", output="o" * 10_000, metadata=metadata)
+
+    def factory(request: RunRequest, memory: SessionMemory) -> CapabilityRouter:
+        return CapabilityRouter([big], RuleBasedClassifier([], default="big"), memory=memory)
+
+    store, publisher = MemoryStore(), RecordingPublisher()
+    runs = manager(store, publisher, router_factory=factory)
+    await run_to_end(runs, RunRequest(input="go", mode="route"))
+    snapshot = orjson.loads(next(iter(store.saved.values())))
+    (result,) = snapshot["routing"]["results"]
+    assert len(result["output"]) == 2000
+    assert len(result["metadata"]["note"]) == 2000
+    assert isinstance(result["metadata"]["items"], str)
+    assert len(result["metadata"]["items"]) == 2000
+    assert result["metadata"]["small"] == [1, 2]
+    assert len(snapshot["routing"]["result"]["output"]) == 2000

@@ -114,6 +114,16 @@ async def test_a_queued_run_reaches_a_client_on_another_node(
     assert snapshot["step_count"] == 3
     assert snapshot["usage"] == events[-1][2]["usage"]
 
+    # "wait": true follows the channel, so it answers a run a worker executed too.
+    async with httpx.AsyncClient(timeout=60) as http:
+        waited = await http.post(
+            f"{web.url}/run", json={"input": "What is 6 * 7?", "mode": "route", "wait": True}
+        )
+    assert waited.status_code == 200, waited.text
+    answer = waited.json()
+    assert (answer["status"], answer["output"]) == ("completed", "6 * 7 = 42.")
+    assert answer["result"]["capability"] == "weather_agent"
+
 
 async def test_the_session_is_busy_across_processes_until_the_worker_is_done(
     server_factory: ServerFactory,

@@ -22,9 +22,10 @@ __all__ = ["Capability", "CapabilityRegistry", "CapabilityResult", "FunctionCapa
 
 
 class CapabilityResult(BaseModel):
-    """What a capability produced. ``success`` false is a result, not an error: the
-    continuation decider sees it and decides. ``usage``: the tokens producing it cost
-    (counted in the router's step)."""
+    """What a capability produced. ``success`` false is a result the continuation
+    decider sees (the router also records it as the step's tool error, which the error
+    policy judges); ``metadata["error"]`` says why, when known. ``usage``: the tokens
+    producing it cost (counted in the router's step)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -126,10 +126,7 @@ class ModelContinuationDecider:
         system = self.instructions
         if self.registry is not None:
             system += f"\n\nCapabilities:\n{self.registry.describe()}"
-        results = "\n".join(
-            f"{r.capability} ({'ok' if r.success else 'failed'}): {r.output}"
-            for r in (*history, result)
-        )
+        results = "\n".join(_line(r) for r in (*history, result))
         return ModelRequest(
             messages=(
                 Message.system(system),
@@ -152,6 +149,14 @@ class ModelContinuationDecider:
                 "name the capability to run next or answer done=true"
             )
         return ContinuationResult(**answer.model_dump(), usage=response.usage)
+
+
+def _line(result: CapabilityResult) -> str:
+    """A result for the model: ``<capability> (ok|failed[: error]): <output>``."""
+    if result.success:
+        return f"{result.capability} (ok): {result.output}"
+    error = result.metadata.get("error")
+    return f"{result.capability} (failed{f': {error}' if error else ''}): {result.output}"
 
 
 class _DecidedStep(Protocol):

@@ -6,13 +6,17 @@ session_id?}``):
 1. load the session context (if a session id is given);
 2. optionally resolve references in the input against it;
 3. classify the intent -> capability and arguments;
-4. execute the capability (a tool-like call with its own id) -> ``CapabilityResult``;
+4. execute the capability (a tool-like call with its own id, in the step's
+   ``tool_calls``) -> ``CapabilityResult``. A capability that raises gives a result
+   with ``success: false`` and the error in its metadata; a failed result (raised or
+   reported) is also a tool error of the step, judged by the error policy (by default
+   the request ends ``failed``, stop reason ``error``);
 5. add the step's timing and the session id to the result's metadata and ask the
-   continuation decider -> ``ContinuationResult``; while it is not done, run the
-   capability it names (the routing loop), bounded by ``max_steps``. A decider that fails does
-   not lose the result: its error is recorded on the step and the request is done
-   with the capability's output;
-6. append the turn to session memory;
+   continuation decider -> ``ContinuationResult`` (failed results too: the decider sees
+   the whole result); while it is not done, run the capability it names (the routing
+   loop), bounded by ``max_steps``. A decider that fails does not lose the result: its
+   error is recorded on the step and the request is done with the capability's output;
+6. append the turn to session memory (an event, on the wire a ``session_memory`` pair);
 7. return the final state (:meth:`RoutingState.result` is the final
    ``CapabilityResult``, with timing and session id in its metadata).
 
@@ -194,19 +198,24 @@ class RoutingState(ProcessState[RoutingStep]):
 
     def result(self) -> CapabilityResult | None:
         """The request's answer as a capability result (``None`` if nothing ran):
-        metadata holds the session id, the steps, the capabilities and the duration."""
+        metadata holds the session id, the steps, the capabilities, the start, end and
+        duration, and the last step's error if it failed (then ``success`` is false)."""
         executed = [r for r in self.execution_results() if r.step.result is not None]
         if not self.execution_results():
             return None
         last = self.execution_results()[-1]
         ok = not last.step.errors and (last.step.result is None or last.step.result.success)
         first = self.execution_results()[0]
-        metadata = {
+        metadata: dict[str, Any] = {
             "session_id": self.session_id,
             "steps": len(self.execution_results()),
             "capabilities": [r.step.capability for r in executed],
+            "started_at": to_iso(first.started_at),
+            "completed_at": to_iso(last.completed_at),
             "duration_ms": round(elapsed_ms(first.started_at, last.completed_at), 3),
         }
+        if last.step.errors:
+            metadata["error"] = last.step.errors[0].message
         return CapabilityResult(
             capability=last.step.capability,
             output=self.final_response(),
@@ -350,12 +359,12 @@ class CapabilityRouter(StepByStep[RoutingState, RoutingStep]):
                 intent.usage,
             )
         last = results[-1]
-        if last.step.errors:
+        decision = last.step.decision
+        if last.step.errors and (decision is None or decision.done):
             reason = f"retrying {last.step.capability} after a failed step"
             return self._select(
                 state, context, last.step.capability, last.step.arguments, "retry", reason, Usage()
             )
-        decision = last.step.decision
         assert decision is not None, "a recorded step that continues has a decision"
         assert decision.next_capability is not None, "only a decision naming one continues"
         reason = f"the {self.decider.name} decider asked for it"
@@ -442,7 +451,7 @@ class CapabilityRouter(StepByStep[RoutingState, RoutingStep]):
         name, arguments = current.actor, dict(current.selection.get("arguments") or {})
         capability = self.registry.get(name)
         call = ToolCall(id=f"cap_{new_id()}", name=name, arguments=arguments)
-        result = await self._execute(capability, call, context)
+        result, error = await self._execute(capability, call, context)
         result = result.model_copy(
             update={
                 "metadata": {
@@ -466,8 +475,9 @@ class CapabilityRouter(StepByStep[RoutingState, RoutingStep]):
             result=result,
             decision=decision,
             decider_error=decider_error,
+            errors=() if error is None else (StepError.from_error(error),),
             usage=chosen + result.usage + (Usage() if decision is None else decision.usage),
-            messages=(message,),
+            messages=() if error is not None and not result.output else (message,),
         )
 
     async def _decide(
@@ -505,24 +515,29 @@ class CapabilityRouter(StepByStep[RoutingState, RoutingStep]):
 
     async def _execute(
         self, capability: Capability, call: ToolCall, context: StepContext
-    ) -> CapabilityResult:
+    ) -> tuple[CapabilityResult, ToolError | None]:
+        """Run the capability; a failure (it raised, or reported ``success: false``) is
+        a result too, so the decider sees it, with the error the step records."""
         await context.tool_started(call)
         started = self.clock()
         try:
             result = await capability.execute(call.arguments)
         except Exception as exc:
-            error = AgentError.from_exception(exc)
+            message = AgentError.from_exception(exc).message
             duration = elapsed_ms(started, self.clock())
-            await context.tool_result(call, False, error.message, duration, "")
-            raise ToolError(
-                f"capability {call.name!r} failed: {error.message}",
-                tool_name=call.name,
-                tool_call_id=call.id,
-            ) from exc
+            await context.tool_result(call, False, message, duration, "")
+            failed = CapabilityResult(
+                capability=call.name, output="", success=False, metadata={"error": message}
+            )
+            return failed, _capability_error(call, f"failed: {message}")
         duration = elapsed_ms(started, self.clock())
-        failure = None if result.success else "the capability reported failure"
-        await context.tool_result(call, result.success, failure, duration, result.output)
-        return result
+        if result.success:
+            await context.tool_result(call, True, None, duration, result.output)
+            return result, None
+        why = str(result.metadata.get("error") or result.output or "no reason given")
+        failure = f"the capability reported failure: {why}"
+        await context.tool_result(call, False, failure, duration, result.output)
+        return result, _capability_error(call, f"reported failure: {why}")
 
     def failure_step(self, state: RoutingState, error: AgentError) -> RoutingStep:
         current = state.current
@@ -545,10 +560,23 @@ class CapabilityRouter(StepByStep[RoutingState, RoutingStep]):
             success=answer is not None and answer.success,
             resolved_input=state.resolved_input,
         )
+        started = self.clock()
         context = await self.memory.append(state.session_id, turn)
+        results = state.execution_results()
         self.events.emit(
             SessionMemoryAppended(
-                **self._meta(state), session_id=state.session_id, turns=len(context.turns)
+                **self._meta(state),
+                session_id=state.session_id,
+                turns=len(context.turns),
+                call_id=f"remember_{new_id()}",
+                capability=turn.capability,
+                success=turn.success,
+                duration_ms=elapsed_ms(started, self.clock()),
+                step_number=results[-1].step_number if results else None,
             )
         )
         return state
+
+
+def _capability_error(call: ToolCall, what: str) -> ToolError:
+    return ToolError(f"capability {call.name!r} {what}", tool_name=call.name, tool_call_id=call.id)

@@ -19,6 +19,7 @@ export const STAGES: ReadonlySet<string> = new Set([
   "reference_resolver",
   "intent_classifier",
   "continuation_decider",
+  "session_memory",
 ]);
 
 export interface Usage {

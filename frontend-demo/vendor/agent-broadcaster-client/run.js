@@ -10,6 +10,7 @@ export const STAGES = new Set([
     "reference_resolver",
     "intent_classifier",
     "continuation_decider",
+    "session_memory",
 ]);
 /** A new, empty run. */
 export function createRunView(sessionId = null) {
