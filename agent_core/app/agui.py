@@ -87,6 +87,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from agent_core.app._gate import GATED_METHODS, run_gate
 from agent_core.app._streams import FeedResponse, RunHost, json_error, last_run, start_run
 from agent_core.app.runs import RunHandle, RunRequest
 from broadcaster import envelope as env
@@ -365,7 +366,8 @@ def routes(host: Host) -> list[Route]:
     async def run(request: Request) -> Response:
         return await _run(host, request)
 
-    return [Route(host.settings.agui_path, run, methods=["POST"], name="ag-ui")]
+    gated = run_gate(host, run)
+    return [Route(host.settings.agui_path, gated, methods=GATED_METHODS, name="ag-ui")]
 
 
 async def _run(host: Host, request: Request) -> Response:

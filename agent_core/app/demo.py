@@ -38,6 +38,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from agent_core.app import agui, vercel_ai
+from agent_core.app._gate import GATED_METHODS, run_gate
 from agent_core.app._streams import client_address
 from agent_core.app.demo_routing import demo_parts
 from agent_core.app.runs import (
@@ -249,7 +250,7 @@ def install(ctx: ExtensionContext) -> None:
     ctx.routes += [
         Route("/", static, name="dashboard"),
         Route("/api/demo/config", _config(demo), methods=["GET"]),
-        Route("/run", _run(demo), methods=["POST"]),
+        Route("/run", run_gate(demo, _run(demo)), methods=GATED_METHODS),
         Route(AUTH_PATH, _auth(demo), methods=["POST"]),
         Mount("/demo", static, name="demo-assets"),
     ]

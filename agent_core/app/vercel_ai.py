@@ -68,6 +68,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from agent_core.app._gate import GATED_METHODS, run_gate
 from agent_core.app._streams import (
     FeedResponse,
     RunHost,
@@ -350,7 +351,7 @@ def routes(host: Host) -> list[Route]:
         return await _follow(host, request)
 
     return [
-        Route(path, chat, methods=["POST"], name="vercel-ai"),
+        Route(path, run_gate(host, chat), methods=GATED_METHODS, name="vercel-ai"),
         Route(path + "/{session_id}/stream", follow, methods=["GET"], name="vercel-ai-follow"),
     ]
 
