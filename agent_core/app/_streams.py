@@ -114,9 +114,9 @@ async def start_run(
 
 def client_address(request: Request) -> str | None:
     """Who the per-client run limits count: the peer's address, or the one a trusted
-    proxy gave (uvicorn's ``--forwarded-allow-ips``, by default only a proxy on
-    loopback). An IPv6 client counts as its /64: one host is commonly given a whole
-    /64, so counting each address would multiply every limit by as many as it picks."""
+    proxy named (``--trusted-proxies``: the connection guard puts it in the ASGI scope).
+    An IPv6 client counts as its /64: one host is commonly given a whole /64, so
+    counting each address would multiply every limit by as many as it picks."""
     if request.client is None:
         return None
     host = request.client.host
