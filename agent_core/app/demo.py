@@ -44,7 +44,6 @@ from agent_core.app.runs import (
     BackendClaims,
     ClientRateLimit,
     RunManager,
-    RunRefused,
     RunRequest,
     RunStarter,
     new_session_id,
@@ -269,11 +268,6 @@ def install(ctx: ExtensionContext) -> None:
 
 def _error(status: int, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": message, **extra}, status_code=status)
-
-
-def refusal(exc: RunRefused) -> JSONResponse:
-    """429 or 503 with ``Retry-After`` for a run that may be retried later."""
-    return JSONResponse(exc.answer, status_code=exc.status, headers=exc.headers)
 
 
 def _config(demo: _Demo) -> Any:
