@@ -109,6 +109,7 @@ WEBSOCKET = (
         cls="WebSocketsSansIOProtocol",
         methods=(
             "connection_lost",
+            "connection_made",
             "data_received",
             "handle_connect",
             "handle_cont",
@@ -185,6 +186,7 @@ GUARD = (
             "parser",
             "pipeline",
             "root_path",
+            "scope",
             "server_state",
             "transport",
             "url",

@@ -20,6 +20,12 @@ by :func:`broadcaster.server.uvicorn_config`) adds:
   after the upgrade). A connection over the limit is answered at once with ``429``,
   ``Retry-After`` and a JSON message naming the limit, and closed; the application never
   sees it.
+- **trusted proxies** (:class:`~broadcaster.proxies.TrustedProxies`,
+  ``trusted_proxies``): a connection from one is not counted as the proxy's; each of
+  its requests is counted, for as long as it is served (a WebSocket or a stream: its
+  whole life), as the client its ``X-Forwarded-For``/``Forwarded`` header names, and
+  that client is the request's (the ASGI scope's, the access log's, a WebSocket's).
+  Over the limit, the request is answered 429 and the proxy's connection closed.
 
 It also serves the HTTP API's publish routes itself, without ASGI, when the application
 offers them (a :class:`~broadcaster.transport.NativePosts` in the lifespan state under
@@ -44,13 +50,14 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from http import HTTPStatus
 from typing import Any, cast
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from broadcaster.proxies import TrustedProxies
 from broadcaster.transport import (
     POSTS_STATE,
     SERVER_ERROR,
@@ -135,10 +142,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     slots = AddressSlots(0)
     header_timeout = 10.0
+    proxies = TrustedProxies()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._address: str | None = None  # counted in slots while not None
+        self._proxy: str | None = None  # the peer, when it is a trusted proxy
         self._head_timer: asyncio.TimerHandle | None = None
         self._in_head = False
         self._head_bytes = 0
@@ -148,6 +157,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if self.client and self.proxies and self.proxies.trusts(self.client[0]):
+            self._proxy = self.client[0]  # its requests are counted one by one
+            self._expect_head()
+            return
         address = self.client[0] if self.client and self.slots.limit else None
         if address is not None:  # counted only under a limit: nothing kept per connection
             if not self.slots.take(address):
@@ -161,10 +174,29 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._native is not None:
             self._native.stop_timer()
             self._native = None
+        self._give_back()
+        super().connection_lost(exc)
+
+    def _give_back(self) -> None:
         if self._address is not None:
             self.slots.give_back(self._address)
             self._address = None
-        super().connection_lost(exc)
+
+    # -- requests through a trusted proxy -----------------------------------------------
+
+    def _admit_forwarded(self, proxy: str) -> bool:
+        """Name the request's client as the proxy forwards it, and count it under the
+        limit; False (answered 429, the connection closing) over it."""
+        client = self.proxies.client(proxy, self.headers)
+        self.client = (client, 0)
+        self.scope["client"] = self.client
+        self._give_back()  # a request pipelined behind another: one slot at a time
+        if self.slots.limit:
+            if not self.slots.take(client):
+                self._refuse(client)
+                return False
+            self._address = client
+        return True
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -192,10 +224,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._cancel_head_timer()
+        if self._proxy is not None and not self._admit_forwarded(self._proxy):
+            return
         if not self._serve_natively():
             super().on_headers_complete()
 
     def on_response_complete(self) -> None:
+        if self._proxy is not None:
+            self._give_back()
         super().on_response_complete()
         if self._awaiting_head() and not self.transport.is_closing():
             self._expect_head()
@@ -288,6 +324,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         return length
 
     def on_body(self, body: bytes) -> None:
+        if self._refused:
+            return
         native = self._native
         if native is None:
             super().on_body(body)
@@ -295,6 +333,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             native.body.append(body)
 
     def on_message_complete(self) -> None:
+        if self._refused:
+            return
         native = self._native
         if native is None:
             super().on_message_complete()
@@ -372,6 +412,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     # -- WebSocket upgrades keep their slot ---------------------------------------------
 
     def handle_websocket_upgrade(self) -> None:
+        if self._refused:
+            return  # answered 429 from the head (a trusted proxy's client over its limit)
         self._upgraded = True
         self._cancel_head_timer()
         super().handle_websocket_upgrade()
@@ -508,10 +550,18 @@ def _on_lost(protocol: asyncio.BaseProtocol, release: Callable[[], None]) -> Non
     protocol.connection_lost = connection_lost  # type: ignore[method-assign]
 
 
-def http_class(max_connections_per_ip: int, header_timeout: float) -> type[GuardedHttpProtocol]:
+def http_class(
+    max_connections_per_ip: int,
+    header_timeout: float,
+    trusted_proxies: Sequence[str] = (),
+) -> type[GuardedHttpProtocol]:
     """The protocol to give uvicorn as ``http``, with its own connection count."""
     return type(
         "GuardedHttpProtocol",
         (GuardedHttpProtocol,),
-        {"slots": AddressSlots(max_connections_per_ip), "header_timeout": header_timeout},
+        {
+            "slots": AddressSlots(max_connections_per_ip),
+            "header_timeout": header_timeout,
+            "proxies": TrustedProxies(trusted_proxies),
+        },
     )

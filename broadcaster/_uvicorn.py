@@ -76,6 +76,15 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
     output_full = False  # between pause_writing and resume_writing (class default, as above)
     on_lost: Callable[[], None] | None = None  # called once the transport is gone
 
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        upgraded = transport.get_protocol()  # the HTTP protocol, until the upgrade is done
+        super().connection_made(transport)
+        # Behind a trusted proxy, the HTTP protocol has named the request's client as the
+        # proxy forwards it (broadcaster._guard): the WebSocket is that client's too.
+        client = getattr(upgraded, "client", None)
+        if client and upgraded is not self:
+            self.client = client
+
     def handle_connect(self, event: Request) -> None:
         sessions = cast("Sessions | None", self.app_state.get(SESSIONS_STATE))
         raw_path, _, query = event.path.partition("?")

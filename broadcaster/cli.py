@@ -58,6 +58,14 @@ def main() -> None:
     type=int,
     help="Open connections per client address; 0 for no limit [1000].",
 )
+@click.option(
+    "--trusted-proxies",
+    "--forwarded-allow-ips",
+    "trusted_proxies",
+    help="Comma-separated addresses or CIDR networks of reverse proxies whose "
+    "X-Forwarded-For/Forwarded header names the client (for per-address limits and "
+    "logs) [env BROADCASTER_TRUSTED_PROXIES; none].",
+)
 @click.option("--history-size", type=int, help="Publications kept per channel [1000].")
 @click.option("--history-ttl", type=int, help="Seconds a channel's history is kept [600].")
 @click.option("--max-history-reads", type=int, help="Concurrent resume history reads [32].")

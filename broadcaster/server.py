@@ -18,7 +18,7 @@ import gc
 import math
 import socket
 import sys
-from typing import Literal
+from typing import Any, Literal
 
 import uvicorn
 
@@ -28,7 +28,7 @@ from broadcaster.extensions import ExtensionError
 from broadcaster.node import Node
 from broadcaster.settings import Settings
 
-__all__ = ["http_protocol", "serve", "ws_max_size", "ws_protocol"]
+__all__ = ["http_protocol", "proxy_options", "serve", "ws_max_size", "ws_protocol"]
 
 
 def serve(settings: Settings) -> None:
@@ -48,6 +48,7 @@ def serve(settings: Settings) -> None:
         ws_max_size=ws_max_size(settings),
         lifespan="on",
         log_level=settings.log_level,
+        **proxy_options(settings),
         timeout_graceful_shutdown=math.ceil(settings.shutdown_timeout),
     )
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "") else settings.host  # noqa: S104
@@ -81,6 +82,16 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+def proxy_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's proxy-header options: off, as the connection guard names the client of
+    a trusted proxy's requests itself (``trusted_proxies``, see :mod:`broadcaster._guard`);
+    with uvicorn's own HTTP protocol (the guard does not fit), uvicorn's
+    ``X-Forwarded-For`` handling for the same proxies, and none for none."""
+    if settings.trusted_proxies and guard_problems():
+        return {"proxy_headers": True, "forwarded_allow_ips": list(settings.trusted_proxies)}
+    return {"proxy_headers": False}
+
+
 def http_protocol(settings: Settings) -> type[asyncio.Protocol] | Literal["auto"]:
     """uvicorn's ``http`` for ``settings``: request-head deadline and size limit, and
     the per-client-address connection limit (see :mod:`broadcaster._guard`); uvicorn's
@@ -92,7 +103,9 @@ def http_protocol(settings: Settings) -> type[asyncio.Protocol] | Literal["auto"
         return "auto"
     from broadcaster._guard import http_class  # imported only once known to fit
 
-    return http_class(settings.max_connections_per_ip, settings.header_timeout)
+    return http_class(
+        settings.max_connections_per_ip, settings.header_timeout, settings.trusted_proxies
+    )
 
 
 def ws_protocol(settings: Settings) -> type[asyncio.Protocol] | Literal["auto"]:

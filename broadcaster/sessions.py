@@ -6,6 +6,12 @@ the demo's ``POST /run``) resolves the channel here, with one rule: a private se
 reached only with its session token (``Authorization: Bearer`` or ``?token=``) or a
 signed ``?auth=`` for its channel.
 
+A session token belongs to one claim of the session (:func:`claim_session`): the first
+run of a private session claims its id with a random nonce, kept in the backend (memory
+or Redis) for ``ttl`` seconds and renewed by every run its token starts. The token is
+the HMAC of the id and that nonce, so once the claim has expired and someone else
+claims the id, the new claimant gets a new token and the old one grants nothing.
+
 ``GET /api/sessions/{session_id}/state`` serves the session's final slim snapshot,
 stored under its channel by whoever ran the agent
 (:class:`broadcaster.publishers.StateStore`), so a UI can reconcile what it built from
@@ -16,6 +22,8 @@ from __future__ import annotations
 
 import hmac
 import re
+import secrets
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -35,11 +43,15 @@ from broadcaster.signing import (
 
 __all__ = [
     "SESSION_ID",
+    "SessionClaim",
     "SessionRefused",
     "bearer_token",
+    "claim_key",
+    "claim_session",
     "private_channel",
     "private_session_exists",
     "public_channel",
+    "release_claim",
     "request_app",
     "routes",
     "session_channel",
@@ -68,17 +80,80 @@ def private_channel(session_id: str) -> str:
     return f"private-agent.{session_id}"
 
 
-def session_token(app: AppConfig, session_id: str) -> str:
-    """The bearer token of one private session: the hex HMAC-SHA256 of its id under the
-    app's :data:`~broadcaster.signing.SESSION_TOKEN` key (derived from the secret, so a
-    token is never a Pusher signature nor a stream authorization)."""
-    return purpose_signature(app.secret, SESSION_TOKEN, session_id)
+def claim_key(session_id: str) -> str:
+    """The backend claim key of a private session (its owner: the claim's nonce)."""
+    return f"session:{session_id}"
 
 
-def token_grants(app: AppConfig, token: str | None, session_id: str) -> bool:
-    """Whether ``token`` is the session's token (constant-time)."""
-    expected = session_token(app, session_id).encode()
+def session_token(app: AppConfig, session_id: str, nonce: str) -> str:
+    """The bearer token of one claim of a private session: the hex HMAC-SHA256 of its id
+    and the claim's nonce under the app's :data:`~broadcaster.signing.SESSION_TOKEN` key
+    (derived from the secret, so a token is never a Pusher signature nor a stream
+    authorization). Session ids hold no newline, so no other pair signs the same text."""
+    return purpose_signature(app.secret, SESSION_TOKEN, f"{session_id}\n{nonce}")
+
+
+def _grants(app: AppConfig, token: str | None, session_id: str, nonce: str) -> bool:
+    expected = session_token(app, session_id, nonce).encode()
     return bool(token) and hmac.compare_digest(str(token).encode(), expected)
+
+
+async def token_grants(node: Node, app: AppConfig, token: str | None, session_id: str) -> bool:
+    """Whether ``token`` is the token of the session's current claim (constant-time).
+
+    Raises:
+        BackendUnavailable: the claim cannot be read now.
+    """
+    if not token:
+        return False
+    nonce = await node.backend.claim_holder(app.id, claim_key(session_id))
+    return nonce is not None and _grants(app, token, session_id, nonce)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionClaim:
+    """A claim on a private session id; ``new``: made by this request."""
+
+    session_id: str
+    nonce: str
+    new: bool
+
+    def token(self, app: AppConfig) -> str:
+        """The session token of this claim."""
+        return session_token(app, self.session_id, self.nonce)
+
+
+async def claim_session(
+    node: Node, app: AppConfig, token: str | None, session_id: str, ttl: float
+) -> SessionClaim | None:
+    """The claim a run on private session ``session_id`` goes under: the current one,
+    renewed for ``ttl`` seconds, when ``token`` is its token; a new one when nobody
+    holds the id and nothing of it is kept (:func:`private_session_exists`). None: the
+    session is someone else's.
+
+    Raises:
+        BackendUnavailable: the backend cannot be read or written now.
+    """
+    key = claim_key(session_id)
+    nonce = await node.backend.claim_holder(app.id, key)
+    if nonce is not None:
+        if not _grants(app, token, session_id, nonce):
+            return None
+        renewed = await node.backend.claim_value(app.id, key, nonce, ttl)
+        return SessionClaim(session_id, nonce, new=False) if renewed else None
+    if await private_session_exists(node, app, session_id):
+        return None  # an expired claim's events or state are still kept: not anyone's yet
+    nonce = secrets.token_hex(16)
+    if not await node.backend.claim_value(app.id, key, nonce, ttl):
+        return None  # claimed by another request meanwhile
+    return SessionClaim(session_id, nonce, new=True)
+
+
+async def release_claim(node: Node, app: AppConfig, claim: SessionClaim) -> None:
+    """Give up a claim this request made (``new``) when its run did not start, so that
+    the id is not held for nobody. Raises what the backend raises."""
+    if claim.new:
+        await node.backend.release_value(app.id, claim_key(claim.session_id), claim.nonce)
 
 
 def bearer_token(request: Request) -> str | None:
@@ -132,7 +207,7 @@ async def session_channel(node: Node, app: AppConfig, request: Request, session_
     private = private_channel(session_id)
     token, auth = bearer_token(request), request.query_params.get("auth")
     if token is not None or auth is not None:
-        if token_grants(app, token, session_id) or verify_stream_auth(
+        if await token_grants(node, app, token, session_id) or verify_stream_auth(
             app.key, app.secret, auth, private
         ):
             return private

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from broadcaster.backends.base import DEFAULT_HISTORY_SIZE, DEFAULT_REDIS_PREFIX
+from broadcaster.proxies import parse_networks
 
 __all__ = ["AppConfig", "Settings", "SettingsError", "load_settings"]
 
@@ -110,6 +111,11 @@ class Settings(BaseSettings):
     # together); above it a new connection is answered 429 and closed. 0: no limit.
     # Behind a reverse proxy every client has the proxy's address: raise it or use 0.
     max_connections_per_ip: Annotated[int, Field(ge=0)] = 1000
+    # Reverse proxies (addresses or CIDR networks; comma-separated in the environment)
+    # whose X-Forwarded-For or Forwarded header names the client: a connection from one
+    # is counted, limited and logged as the rightmost hop that is not a trusted proxy.
+    # None by default: the headers are then ignored.
+    trusted_proxies: Annotated[tuple[str, ...], NoDecode] = ()
     # Channel history kept for resume: publications per channel and seconds kept.
     history_size: Annotated[int, Field(ge=1, le=100_000)] = DEFAULT_HISTORY_SIZE
     history_ttl: Annotated[int, Field(ge=1, le=7 * 86400)] = 600
@@ -144,6 +150,14 @@ class Settings(BaseSettings):
                 "redis-sentinel://host:port,host:port/<service>/<db>"
             )
         return value
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _networks(cls, value: object) -> tuple[str, ...]:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            raise ValueError("expected addresses or CIDR networks, comma-separated")
+        return tuple(str(network) for network in parse_networks(str(item) for item in items))
 
     @field_validator("log_level")
     @classmethod

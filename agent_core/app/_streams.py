@@ -20,7 +20,7 @@ from broadcaster import envelope as env
 from broadcaster.backends.base import Backend, BackendUnavailable
 from broadcaster.node import Node
 from broadcaster.publication import Position
-from broadcaster.sessions import bearer_token, private_session_exists, token_grants
+from broadcaster.sessions import SessionClaim, bearer_token, claim_session, release_claim
 from broadcaster.settings import AppConfig
 from broadcaster.sse import ChannelFeed, stream_feed
 
@@ -28,6 +28,7 @@ __all__ = [
     "FeedResponse",
     "LastRun",
     "RunHost",
+    "Started",
     "client_address",
     "envelope_of",
     "json_error",
@@ -65,6 +66,21 @@ class RunHost(Protocol):
     @property
     def runs(self) -> _Runs | None: ...
 
+    @property
+    def claim_ttl(self) -> float:
+        """Seconds a private session's claim (and so its token) lasts after its last run
+        started (:func:`broadcaster.sessions.claim_session`)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A run this request started; ``token``: the session token it hands out (private
+    sessions), the token of the claim the run went under."""
+
+    handle: RunHandle
+    token: str | None = None
+
 
 def json_error(status: int, message: str, **extra: Any) -> JSONResponse:
     """A JSON error answer: ``{"error": message, ...extra}``."""
@@ -73,29 +89,34 @@ def json_error(status: int, message: str, **extra: Any) -> JSONResponse:
 
 async def start_run(
     host: RunHost, request: Request, session_id: str, wanted: RunRequest, kind: str
-) -> RunHandle | Response:
+) -> Started | Response:
     """Start ``wanted`` on ``session_id`` for ``request``; the refusal to answer instead:
     403 (someone else's private session; ``kind`` names it, e.g. "thread"), 409 (busy),
     429/503 with ``Retry-After`` (limits), 503 (backend down)."""
     try:
-        refused = await _refused(host, request, session_id, kind)
-        if refused is not None:
-            return refused
+        claim = await _claim(host, request, session_id, kind)
+        if isinstance(claim, Response):
+            return claim
         assert host.runs is not None, "the lifespan starts the runs"
-        return await host.runs.start(wanted, client_address(request))
+        try:
+            handle = await host.runs.start(wanted, client_address(request))
+        except BaseException:
+            await _give_up(host, claim)
+            raise
     except SessionBusy as exc:
         return json_error(409, str(exc), session_id=exc.session_id)
     except RunRefused as exc:  # per-client limits, a full node or queue
         return JSONResponse(exc.answer, status_code=exc.status, headers=exc.headers)
     except (BackendUnavailable, RedisError, OSError) as exc:
         return json_error(503, f"cannot start the run now: {exc}")
+    return Started(handle, None if claim is None else claim.token(host.app))
 
 
 def client_address(request: Request) -> str | None:
     """Who the per-client run limits count: the peer's address, or the one a trusted
-    proxy gave (uvicorn's ``--forwarded-allow-ips``, by default only a proxy on
-    loopback). An IPv6 client counts as its /64: one host is commonly given a whole
-    /64, so counting each address would multiply every limit by as many as it picks."""
+    proxy named (``--trusted-proxies``: the connection guard puts it in the ASGI scope).
+    An IPv6 client counts as its /64: one host is commonly given a whole /64, so
+    counting each address would multiply every limit by as many as it picks."""
     if request.client is None:
         return None
     host = request.client.host
@@ -110,19 +131,34 @@ def client_address(request: Request) -> str | None:
     return str(ipaddress.IPv6Network((address, 64), strict=False))
 
 
-async def _refused(host: RunHost, request: Request, session_id: str, kind: str) -> Response | None:
-    """403 for a private session that exists, unless the request has its token."""
-    if not host.settings.private_sessions or token_grants(
-        host.app, bearer_token(request), session_id
-    ):
+async def _claim(
+    host: RunHost, request: Request, session_id: str, kind: str
+) -> SessionClaim | Response | None:
+    """The claim a run on a private session goes under; 403 when the session is
+    someone else's (None: sessions are public)."""
+    if not host.settings.private_sessions:
         return None
-    if not await private_session_exists(host.node, host.app, session_id):
-        return None  # a new session: its token comes back with the stream
+    claim = await claim_session(
+        host.node, host.app, bearer_token(request), session_id, host.claim_ttl
+    )
+    if claim is not None:
+        return claim
     return json_error(
         403,
-        f"{kind} {session_id!r} is a private session: send its session token as "
-        "'Authorization: Bearer <token>' (X-Session-Token of the run that started it)",
+        f"{kind} {session_id!r} is a private session: send its session token "
+        "as 'Authorization: Bearer <token>' (the token the run that claimed it was given)",
     )
+
+
+async def _give_up(host: RunHost, claim: SessionClaim | None) -> None:
+    """Release a claim made for a run that did not start (it would hold the id for
+    nobody until it expired)."""
+    if claim is None:
+        return
+    try:
+        await release_claim(host.node, host.app, claim)
+    except Exception as exc:  # it expires after the claim's ttl anyway
+        logger.warning("cannot release the claim on session %s: %s", claim.session_id, exc)
 
 
 class FeedResponse(Response):

@@ -87,6 +87,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from agent_core.app._gate import GATED_METHODS, run_gate
 from agent_core.app._streams import FeedResponse, RunHost, json_error, last_run, start_run
 from agent_core.app.runs import RunHandle, RunRequest
 from broadcaster import envelope as env
@@ -94,7 +95,7 @@ from broadcaster.backends.base import BackendUnavailable
 from broadcaster.http_input import BodyRefused, describe_validation, read_body, validation_details
 from broadcaster.publication import Position
 from broadcaster.publishers import state_key
-from broadcaster.sessions import SessionRefused, session_channel, session_token
+from broadcaster.sessions import SessionRefused, session_channel
 from broadcaster.sse import HEARTBEAT, ChannelFeed, FeedItem
 
 __all__ = ["AGUI_PATH", "CONTINUATION_EVENT", "AguiMapper", "InvalidInput", "routes", "run_request"]
@@ -365,7 +366,8 @@ def routes(host: Host) -> list[Route]:
     async def run(request: Request) -> Response:
         return await _run(host, request)
 
-    return [Route(host.settings.agui_path, run, methods=["POST"], name="ag-ui")]
+    gated = run_gate(host, run)
+    return [Route(host.settings.agui_path, gated, methods=GATED_METHODS, name="ag-ui")]
 
 
 async def _run(host: Host, request: Request) -> Response:
@@ -389,8 +391,7 @@ async def _run(host: Host, request: Request) -> Response:
     started = await start_run(host, request, agent_input.thread_id, wanted, "thread")
     if isinstance(started, Response):
         return started
-    handle = started
-    return _stream(host, agent_input.run_id, handle)
+    return _stream(host, agent_input.run_id, started.handle, started.token)
 
 
 async def _retried(host: Host, request: Request, thread_id: str, run_id: str) -> Response | None:
@@ -416,10 +417,10 @@ async def _retried(host: Host, request: Request, thread_id: str, run_id: str) ->
             f"(its events are on channel {channel!r})",
         )
     handle = RunHandle(thread_id, run_id, channel, str(last.start))
-    return _stream(host, run_id, handle, hand_token=False)
+    return _stream(host, run_id, handle, None)
 
 
-def _stream(host: Host, run_id: str, handle: RunHandle, *, hand_token: bool = True) -> Response:
+def _stream(host: Host, run_id: str, handle: RunHandle, token: str | None) -> Response:
     since = None if handle.position is None else Position.parse(handle.position)
     info: dict[str, Any] = {
         "session_id": handle.session_id,
@@ -430,10 +431,8 @@ def _stream(host: Host, run_id: str, handle: RunHandle, *, hand_token: bool = Tr
     headers = dict(_HEADERS)
     # Only the request that started the run gets the session's token: a follower holds
     # at most what reads the channel, and that must not become the owner's token.
-    if hand_token and host.settings.private_sessions:
-        info["session_token"] = headers["X-Session-Token"] = session_token(
-            host.app, handle.session_id
-        )
+    if token is not None:
+        info["session_token"] = headers["X-Session-Token"] = token
     mapper = AguiMapper(handle.session_id, run_id, metadata={"broadcaster": info})
     feed = ChannelFeed(host.node, host.app, handle.channel, since)
 

@@ -39,39 +39,37 @@ from urllib.parse import parse_qsl
 import orjson
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from agent_core.app import agui, vercel_ai
-from agent_core.app._streams import client_address
+from agent_core.app._gate import GATED_METHODS, run_gate
+from agent_core.app._streams import start_run
 from agent_core.app.demo_routing import demo_parts
 from agent_core.app.run_response import run_response, wait_or_note
 from agent_core.app.runs import (
     BackendClaims,
     ClientRateLimit,
     RunManager,
-    RunRefused,
     RunRequest,
     RunStarter,
-    SessionBusy,
+    new_session_id,
 )
 from agent_core.app.worker import RunQueue
 from agent_core.builder import DEFAULT_MAX_STEPS
 from agent_core.orchestrators.routing.router import ROUTING_MAX_STEPS
 from broadcaster._text import excerpt
 from broadcaster.backends import BackendUnavailable
+from broadcaster.backends.base import DEFAULT_HISTORY_META_TTL as BACKEND_META_TTL
 from broadcaster.extensions import ExtensionContext, ExtensionError
 from broadcaster.http_input import BodyRefused, describe_validation, read_body, validation_details
 from broadcaster.node import Node
 from broadcaster.publishers import BackendStateStore, InProcessPublisher, state_key
 from broadcaster.sessions import (
     SESSION_ID,
-    bearer_token,
     private_channel,
-    private_session_exists,
     public_channel,
     session_token,
     token_grants,
@@ -163,6 +161,16 @@ class _Demo:
 
     async def _position(self, channel: str) -> str | None:
         return str(await self.node.backend.position(self.app.id, channel))
+
+    @property
+    def claim_ttl(self) -> float:
+        """Seconds a private session's claim lasts after its last run started: longer
+        than anything the session keeps (its stored state, ``state_ttl``; its channel's
+        position, a day), plus the longest a run may wait and last, so a claim never
+        ends while its session's data is kept."""
+        kept = max(self.settings.state_ttl, BACKEND_META_TTL, self.node.settings.history_ttl)
+        waits = self.settings.queue_timeout if self.settings.run_mode == "queue" else 0.0
+        return kept + waits + self.settings.max_run_seconds
 
     def start(self) -> RunStarter:
         self.runs = self._queue() if self.settings.run_mode == "queue" else self._local()
@@ -260,7 +268,7 @@ def install(ctx: ExtensionContext) -> None:
     ctx.routes += [
         Route("/", static, name="dashboard"),
         Route("/api/demo/config", _config(demo), methods=["GET"]),
-        Route("/run", _run(demo), methods=["POST"]),
+        Route("/run", run_gate(demo, _run(demo)), methods=GATED_METHODS),
         Route(AUTH_PATH, _auth(demo), methods=["POST"]),
         Mount("/demo", static, name="demo-assets"),
     ]
@@ -271,11 +279,6 @@ def install(ctx: ExtensionContext) -> None:
 
 def _error(status: int, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": message, **extra}, status_code=status)
-
-
-def refusal(exc: RunRefused) -> JSONResponse:
-    """429 or 503 with ``Retry-After`` for a run that may be retried later."""
-    return JSONResponse(exc.answer, status_code=exc.status, headers=exc.headers)
 
 
 def _config(demo: _Demo) -> Any:
@@ -307,19 +310,14 @@ def _run(demo: _Demo) -> Any:
         except ValidationError as exc:
             message = describe_validation(exc, "run request")
             return _error(422, message, details=validation_details(exc))
+        began = time.monotonic()
+        session_id = run_request.session_id or new_session_id()
+        wanted = run_request.model_copy(update={"session_id": session_id})
+        started = await start_run(demo, request, session_id, wanted, "session")
+        if isinstance(started, Response):
+            return started
+        handle = started.handle
         assert demo.runs is not None, "the lifespan starts the run manager"
-        started = time.monotonic()
-        try:
-            refused = await _private_refusal(demo, request, run_request.session_id)
-            if refused is not None:
-                return refused
-            handle = await demo.runs.start(run_request, client_address(request))
-        except SessionBusy as exc:
-            return _error(409, str(exc), session_id=exc.session_id)
-        except RunRefused as exc:
-            return refusal(exc)
-        except (BackendUnavailable, RedisError, OSError) as exc:
-            return _error(503, f"cannot start the run now: {exc}")
         answer: dict[str, Any] = {
             "session_id": handle.session_id,
             "execution_id": handle.execution_id,
@@ -327,9 +325,8 @@ def _run(demo: _Demo) -> Any:
             "state_url": demo.runs.state_url(handle.session_id),
             "position": handle.position,
         }
-        if demo.settings.private_sessions:
-            token = session_token(demo.app, handle.session_id)
-            answer["auth"] = {"endpoint": AUTH_PATH, "token": token}
+        if started.token is not None:
+            answer["auth"] = {"endpoint": AUTH_PATH, "token": started.token}
         if not run_request.wait:
             return JSONResponse(answer, status_code=202)
         timeout = run_request.wait_seconds
@@ -337,28 +334,10 @@ def _run(demo: _Demo) -> Any:
         if status is None:
             return JSONResponse({**answer, **(note or {})}, status_code=202)
         mode = run_request.mode or demo.settings.run_default_mode
-        ended = await run_response(demo.node, demo.app, handle, mode, status, started)
+        ended = await run_response(demo.node, demo.app, handle, mode, status, began)
         return JSONResponse({**answer, **ended, "waited": True}, status_code=200)
 
     return run
-
-
-async def _private_refusal(
-    demo: _Demo, request: Request, session_id: str | None
-) -> Response | None:
-    """403 for a run on an existing private session without its token: the answer
-    would hand out the token of someone else's session."""
-    if not demo.settings.private_sessions or session_id is None:
-        return None
-    if token_grants(demo.app, bearer_token(request), session_id):
-        return None
-    if not await private_session_exists(demo.node, demo.app, session_id):
-        return None
-    return _error(
-        403,
-        f"session {session_id!r} is a private session: send its session token as "
-        "'Authorization: Bearer <token>' to start another run on it",
-    )
 
 
 def _auth(demo: _Demo) -> Any:
@@ -384,7 +363,11 @@ def _auth(demo: _Demo) -> Any:
         session_id = channel.removeprefix("private-agent.")
         if not channel.startswith("private-agent.") or not SESSION_ID.fullmatch(session_id):
             return _error(403, f"{excerpt(channel)} is not a private agent session channel")
-        if not token_grants(demo.app, token, session_id):
+        try:
+            granted = await token_grants(demo.node, demo.app, token, session_id)
+        except BackendUnavailable as exc:
+            return _error(503, f"cannot check the session token now: {exc}")
+        if not granted:
             return _error(403, f"the session token does not grant {channel!r}")
         return JSONResponse(
             {"auth": channel_auth(demo.app.key, demo.app.secret, socket_id, channel)}

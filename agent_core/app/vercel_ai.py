@@ -68,6 +68,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from agent_core.app._gate import GATED_METHODS, run_gate
 from agent_core.app._streams import (
     FeedResponse,
     RunHost,
@@ -85,7 +86,6 @@ from broadcaster.publishers import state_key
 from broadcaster.sessions import (
     SessionRefused,
     session_channel,
-    session_token,
 )
 from broadcaster.sse import HEARTBEAT, ChannelFeed, FeedItem, resume_position
 
@@ -350,7 +350,7 @@ def routes(host: Host) -> list[Route]:
         return await _follow(host, request)
 
     return [
-        Route(path, chat, methods=["POST"], name="vercel-ai"),
+        Route(path, run_gate(host, chat), methods=GATED_METHODS, name="vercel-ai"),
         Route(path + "/{session_id}/stream", follow, methods=["GET"], name="vercel-ai-follow"),
     ]
 
@@ -374,9 +374,9 @@ async def _chat(host: Host, request: Request) -> Response:
     started = await start_run(host, request, chat.id, wanted, "chat")
     if isinstance(started, Response):
         return started
-    handle = started
+    handle = started.handle
     since = None if handle.position is None else Position.parse(handle.position)
-    headers = _started_headers(host, handle.session_id)
+    headers = _started_headers(started.token)
     return _stream(host, handle.session_id, handle.channel, since, handle.execution_id, headers)
 
 
@@ -423,14 +423,14 @@ def _lost_start(session_id: str, channel: str, execution_id: str) -> Response:
     return Response(_encode(mapper.error(message)) + DONE, 200, HEADERS, "text/event-stream")
 
 
-def _started_headers(host: Host, session_id: str) -> dict[str, str]:
+def _started_headers(token: str | None) -> dict[str, str]:
     """The headers of the stream of a run this request started: with private sessions,
-    the session's token, as ``POST /run`` answers it. Only the start hands it out: a
-    follower holds at most what reads the channel (``?auth=``), or nothing on a session
-    nobody has started yet, and neither may become the owner's token."""
+    the session's token (``token``), as ``POST /run`` answers it. Only the start hands
+    it out: a follower holds at most what reads the channel (``?auth=``), or nothing on
+    a session nobody has started yet, and neither may become the owner's token."""
     headers = dict(HEADERS)
-    if host.settings.private_sessions:
-        headers["X-Session-Token"] = session_token(host.app, session_id)
+    if token is not None:
+        headers["X-Session-Token"] = token
     return headers
 
 

@@ -325,6 +325,15 @@ class Values(Protocol):
         """
         ...
 
+    async def claim_holder(self, app_id: str, key: str) -> str | None:
+        """The owner of the claim on ``key``, or None when nobody holds it (never
+        claimed, released or expired). Reading does not renew it.
+
+        Raises:
+            BackendUnavailable: the backend cannot be read now.
+        """
+        ...
+
 
 class Connections(Protocol):
     """Counts of open connections across nodes, for apps with ``max_connections``."""

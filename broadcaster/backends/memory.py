@@ -381,6 +381,13 @@ class MemoryBackend:
         del self._values[slot]
         return held[1] > self._clock()
 
+    async def claim_holder(self, app_id: str, key: str) -> str | None:
+        """See :meth:`broadcaster.backends.base.Backend.claim_holder`."""
+        held = self._values.get((app_id, _CLAIM + key))
+        if held is None or held[1] <= self._clock():
+            return None
+        return held[0].decode()
+
     # -- connection counts: one process sees every connection -----------------------------
 
     counts_across_nodes = False

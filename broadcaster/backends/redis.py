@@ -1897,6 +1897,15 @@ class RedisBackend:
         except _ERRORS as exc:
             raise self._failed("release a claim", exc) from exc
 
+    async def claim_holder(self, app_id: str, key: str) -> str | None:
+        """See :meth:`broadcaster.backends.base.Backend.claim_holder`."""
+        self._check_ready()
+        try:
+            held = await self._client.get(claim_key(self.prefix, app_id, key))
+        except _ERRORS as exc:
+            raise self._failed("read a claim", exc) from exc
+        return held.decode() if isinstance(held, bytes) else held
+
 
 def _refusal(exc: BaseException) -> str | None:
     """The error reply, shortened, when ``exc`` is one that refuses every write

@@ -18,6 +18,8 @@ from broadcaster import envelope as env
 from tests.support.live import Client, LiveServer, StartServer, wait_for
 from tests.wire.test_runs import read_run, subscribe
 
+JSON = {"content-type": "application/json"}  # run-start doors take only JSON (415)
+
 EVENTS: TypeAdapter[Event] = TypeAdapter(Event)
 Connect = Callable[..., Awaitable[Client]]
 
@@ -152,7 +154,7 @@ async def test_the_path_is_configurable(
 )
 async def test_invalid_input_is_refused_with_422(demo: LiveServer, body: bytes, says: str) -> None:
     async with httpx.AsyncClient() as http:
-        response = await http.post(f"{demo.url}/ag-ui", content=body)
+        response = await http.post(f"{demo.url}/ag-ui", content=body, headers=JSON)
     assert response.status_code == 422, response.text
     assert says in response.json()["error"]
 

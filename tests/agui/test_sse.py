@@ -71,7 +71,7 @@ def test_decode_reads_the_hub_message() -> None:
 
 
 def test_the_session_token_is_the_one_the_demo_hands_out() -> None:
-    assert session_token(APP, "s-1") == demo_session_token(APP, "s-1")
+    assert session_token(APP, "s-1", "n") == demo_session_token(APP, "s-1", "n")
 
 
 async def test_a_feed_over_its_byte_limit_ends_as_a_slow_consumer() -> None:

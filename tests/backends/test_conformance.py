@@ -609,6 +609,24 @@ async def test_an_unrenewed_claim_expires(backend_factory: BackendFactory) -> No
     assert not await first.backend.release_value(APP, "run:s1", "dead")
 
 
+async def test_every_node_reads_a_claims_holder_until_it_ends(
+    backend_factory: BackendFactory,
+) -> None:
+    first, second = await two_nodes(backend_factory)
+    assert await second.backend.claim_holder(APP, "session:s1") is None
+    assert await first.backend.claim_value(APP, "session:s1", "nonce-1", ttl=60)
+    assert await second.backend.claim_holder(APP, "session:s1") == "nonce-1"
+    assert await second.backend.claim_holder(OTHER_APP, "session:s1") is None
+    assert await first.backend.release_value(APP, "session:s1", "nonce-1")
+    assert await second.backend.claim_holder(APP, "session:s1") is None
+    assert await first.backend.claim_value(APP, "session:s1", "nonce-2", ttl=0.05)
+
+    async def ended() -> bool:
+        return await second.backend.claim_holder(APP, "session:s1") is None
+
+    await eventually_async(ended, "the claim to expire")
+
+
 async def test_claim_value_rejects_a_non_positive_ttl(backend_factory: BackendFactory) -> None:
     node = await backend_factory.node()
     with pytest.raises(ValueError, match="ttl must be a positive"):

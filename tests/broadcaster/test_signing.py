@@ -335,6 +335,7 @@ def test_a_pusher_channel_signature_is_not_a_stream_auth() -> None:
 
 
 def test_a_session_token_is_signed_under_its_own_key() -> None:
-    token = session_token(APP, "s1")
-    assert token == purpose_signature(SECRET, SESSION_TOKEN, "s1")
+    token = session_token(APP, "s1", "nonce")
+    assert token == purpose_signature(SECRET, SESSION_TOKEN, "s1\nnonce")
+    assert token != session_token(APP, "s1", "another claim")
     assert token != sign(SECRET, "demo-session:s1")  # the old token: a raw-secret HMAC

@@ -20,6 +20,8 @@ from tests.integrations.runs import ANSWER, RUNS
 from tests.support.live import APP_ID, KEY, SECRET, Client, StartServer
 from tests.wire.test_runs import start_run, subscribe
 
+JSON = {"content-type": "application/json"}  # run-start doors take only JSON (415)
+
 
 def ids() -> dict[str, str]:
     return {"session_id": "v-1", "execution_id": "x-1"}
@@ -88,7 +90,7 @@ def test_chunks_are_sse_data_lines() -> None:
 async def test_bad_chat_requests_get_clear_errors(start_server: StartServer) -> None:
     live = await start_server(demo=True)
     async with httpx.AsyncClient(base_url=live.url) as http:
-        not_json = await http.post("/vercel-ai", content=b"{nope")
+        not_json = await http.post("/vercel-ai", content=b"{nope", headers=JSON)
         no_text = await http.post(
             "/vercel-ai",
             json={"id": "v-2", "messages": [{"id": "m", "role": "user", "parts": []}]},

@@ -1,7 +1,7 @@
 // A pusher-js client for the end-to-end tests (tests/server/test_pusher_js.py).
 //
 // Usage: node pusher_client.mjs <ws host> <ws port> <app key> <app secret> <channel>...
-// Connects with pusher-js over plain ws, signs private/presence subscriptions and the
+// Connects with pusher-js over plain ws (wss with PUSHER_TLS=1), signs private/presence subscriptions and the
 // user sign-in with the app secret (a stand-in for the app's auth endpoint), subscribes
 // to every channel given and prints what happens as JSON lines on stdout:
 //   {"type": "connected", "socket_id"}
@@ -15,6 +15,8 @@ import { createHmac } from "node:crypto";
 import Pusher from "pusher-js";
 
 const [host, port, key, secret, ...channels] = process.argv.slice(2);
+// PUSHER_TLS=1: wss:// (through a TLS proxy; trust its CA with NODE_EXTRA_CA_CERTS).
+const tls = process.env.PUSHER_TLS === "1";
 const userId = "node-user";
 
 function sign(text) {
@@ -29,8 +31,9 @@ const pusher = new Pusher(key, {
   cluster: "local",
   wsHost: host,
   wsPort: Number(port),
-  forceTLS: false,
-  enabledTransports: ["ws"],
+  wssPort: Number(port),
+  forceTLS: tls,
+  enabledTransports: ["ws"], // in Node, also wss:// with forceTLS
   disableStats: true,
   channelAuthorization: {
     customHandler: ({ socketId, channelName }, callback) => {

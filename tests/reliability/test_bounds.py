@@ -91,7 +91,9 @@ async def test_huge_invalid_bodies_get_small_422_answers(start_server: StartServ
     ]
     async with httpx.AsyncClient(base_url=live.url, timeout=60) as http:
         for path, payload in cases:
-            response = await http.post(path, content=json.dumps(payload).encode())
+            response = await http.post(
+                path, content=json.dumps(payload).encode(), headers={"content-type": JSON}
+            )
             assert response.status_code == 422, (path, response.text[:300])
             assert len(response.content) < SMALL, (path, len(response.content))
             answer = response.json()

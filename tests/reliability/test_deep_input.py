@@ -7,6 +7,8 @@ import httpx
 
 from tests.support.live import StartServer
 
+JSON = {"content-type": "application/json"}  # run-start doors take only JSON (415)
+
 DEEP = "[" * 1000 + "]" * 1000
 
 
@@ -21,7 +23,7 @@ async def test_a_chat_text_part_that_is_not_a_string_is_refused(
     part = {"type": "text", "text": 7}
     flat = {"id": "deep-2", "messages": [{"role": "user", "parts": [part]}]}
     async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
-        deep = await http.post("/vercel-ai", content=body)
+        deep = await http.post("/vercel-ai", content=body, headers=JSON)
         number = await http.post("/vercel-ai", json=flat)
     for response in (deep, number):
         assert response.status_code == 422, response.text

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import queue
 import subprocess
 import threading
@@ -30,18 +31,29 @@ CHANNELS = ("agent.e2e", "private-agent.e2e", "presence-agent.e2e")
 class NodeClient:
     """tests/node/pusher_client.mjs as a child process, its JSON lines in a queue."""
 
-    def __init__(self, server: ServerProcess, channels: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        server: ServerProcess,
+        channels: tuple[str, ...],
+        *,
+        url: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """Connects to ``server``, or to ``url`` (``https://``: over wss), with ``env``
+        added to the environment."""
         node = require_binary("node")
         if not (NODE_DIR / "node_modules" / "pusher-js").is_dir():
             message = "pusher-js is not installed: run scripts/install --test"
             if IN_CI:
                 pytest.fail(message)
             pytest.skip(message)
-        url = urlsplit(server.url)
-        args = [node, "pusher_client.mjs", str(url.hostname), str(url.port), KEY, SECRET]
+        target = urlsplit(url or server.url)
+        args = [node, "pusher_client.mjs", str(target.hostname), str(target.port), KEY, SECRET]
+        tls = {"PUSHER_TLS": "1"} if target.scheme == "https" else {}
         self.proc = subprocess.Popen(
             [*args, *channels],
             cwd=NODE_DIR,
+            env={**os.environ, **tls, **(env or {})},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def require_binary(name: str) -> str:
     """Path of ``name``; skips the test when it is missing, fails instead under CI."""
-    path = shutil.which(name)
+    # Debian puts daemons (nginx) in /usr/sbin, which a user's PATH may lack.
+    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
     if path is None:
         message = f"{name} is not installed (scripts/install --test installs it)"
         if IN_CI:

@@ -16,6 +16,8 @@ from broadcaster.envelope import json_schema
 from tests.support.live import Client, LiveServer, StartServer
 from tests.support.processes import RedisServer, ServerFactory
 
+JSON = {"content-type": "application/json"}  # run-start doors take only JSON (415)
+
 # Built once: jsonschema.validate() re-checks the schema itself on every call.
 VALIDATOR = jsonschema.Draft202012Validator(json_schema())
 Connect = Callable[..., Awaitable[Client]]
@@ -256,7 +258,7 @@ async def test_bad_run_requests_get_clear_errors(
     live_demo: LiveServer, body: bytes, status: int, says: str
 ) -> None:
     async with httpx.AsyncClient() as http:
-        response = await http.post(f"{live_demo.url}/run", content=body)
+        response = await http.post(f"{live_demo.url}/run", content=body, headers=JSON)
     assert response.status_code == status
     assert says in response.json()["error"]
 
