@@ -850,7 +850,8 @@ class RedisBackend:
         want of an answer (timeout, lost connection) makes it False at once, until a PING
         on a connection of its own answers again; an error reply refusing writes
         (``READONLY``, ``OOM``, ``MISCONF``...) makes it False until a write on that
-        connection goes through (both probed every second)."""
+        connection goes through (both probed every second: a PING and a write of a
+        short-lived key, so a refusal is seen even by a node that writes nothing)."""
         return self._ready and self._responsive and self._refusing is None
 
     @property
@@ -1523,9 +1524,12 @@ class RedisBackend:
         try:
             async with asyncio.timeout(self.command_timeout):
                 await self._prober.ping()
-                if self._refusing is not None:  # does it take writes again?
-                    key = f"{self.prefix}:probe:{self._node_id}"
-                    await self._prober.set(key, b"1", px=_PROBE_TTL_MS)
+                # Every time, not only once refusing: a Redis out of memory answers
+                # PINGs and reads, and a node that publishes nothing itself (agents
+                # publish straight to Redis) would otherwise learn of it only from its
+                # heartbeat, a third of node_ttl later.
+                key = f"{self.prefix}:probe:{self._node_id}"
+                await self._prober.set(key, b"1", px=_PROBE_TTL_MS)
         except ResponseError as exc:
             refusal = _refusal(exc)
             if refusal is not None:
