@@ -31,7 +31,10 @@ replica``) 0.3 s before the kill, and thawed right after it, so that it misses w
 accepted meanwhile: a replication lag made to happen, not waited for. With
 ``wait_replicas`` the nodes run the durable mode (``--redis-wait-replicas``): an
 acknowledged publication must then never be lost, and those the cut replica could not
-confirm are refused (``refused_unreplicated``) rather than acknowledged.
+confirm are refused (``refused_unreplicated``) rather than acknowledged. The promoted
+replica has no replica of its own until the killed primary comes back as one, and
+until then every publication is refused: such a trial restarts the victim as soon as
+the nodes are ready (``replica_back_s``), and publishing resumes after it.
 """
 
 from __future__ import annotations
@@ -202,6 +205,7 @@ class Trial:
     lost_by_replication: int = 0  # accepted before the kill, missing from the history
     resumed_recovered: bool | None = None
     outage_s: float = 0.0  # kill -> both nodes' /ready 200 again
+    replica_back_s: float = 0.0  # kill -> the victim replicates the promoted one (durable)
     receive_again_s: float = 0.0  # kill -> a publication sent after it reached every live client
     live_clients: int = 0
     closed_with_4100: int = 0  # live clients closed to resume (the store changed)
@@ -254,6 +258,9 @@ async def failover_trial(
         for node in nodes:
             await becomes(node, 200, within=40)
         trial.outage_s = round(time.monotonic() - killed_at, 2)
+        if wait_replicas:  # nothing can confirm a publication until a replica is back
+            await asyncio.to_thread(faults.heal, victim)
+            trial.replica_back_s = round(time.monotonic() - killed_at, 2)
         mark = len(publisher.accepted)
         await eventually(lambda: len(publisher.accepted) >= mark + 20, "publishing to resume")
         # The dead primary may have acknowledged a publication it never wrote to a node
@@ -357,7 +364,8 @@ async def _trials(topology: str, count: int, cut: bool, wait_replicas: int = 0) 
                     if "missed" in line:
                         print(f"{node.url}: {line.strip()}", file=sys.stderr)
                 node.output.clear()
-            faults.heal(victim)
+            if not wait_replicas:  # else healed during the trial
+                faults.heal(victim)
             for node in nodes:
                 await becomes(node, 200, within=40)
     finally:
