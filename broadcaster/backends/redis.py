@@ -1117,7 +1117,7 @@ class RedisBackend:
         for call, reply in zip(calls, replies, strict=True):
             if call is not None and isinstance(reply, NoScriptError):  # a restarted Redis
                 try:
-                    reply = await self._client.eval(script.source, len(call[0]), *call[0], *call[1])
+                    reply = await self._eval(script, call, waits)
                 except _ERRORS as exc:
                     reply = exc
             if isinstance(reply, BaseException) or call is None:
@@ -1127,6 +1127,23 @@ class RedisBackend:
         if waits:
             results = self._unreplicated(calls, results, kept)
         return results
+
+    async def _eval(
+        self,
+        script: _lua.Script,
+        call: tuple[tuple[str, str], tuple[str | int | bytes, ...]],
+        waits: bool,
+    ) -> Any:
+        """Run the publish script by its source (Redis lacked it) on a pooled
+        connection; in the durable mode with its own ``WAIT`` there (the batch's covers
+        only the publications' connection): its reply, or :class:`NotReplicated`."""
+        keys, args = call
+        if not waits:
+            return await self._client.eval(script.source, len(keys), *keys, *args)
+        commands = [("EVAL", script.source, len(keys), *keys, *args)]
+        commands.append(("WAIT", self.wait_replicas, _ms(self.wait_timeout)))
+        reply, kept = await _round_trip(self._client, pack_commands(commands), 2, self.wait_timeout)
+        return self._unreplicated([call], [reply], kept)[0]
 
     def _unreplicated(
         self, calls: Sequence[object | None], results: list[Any], kept: Any

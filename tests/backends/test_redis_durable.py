@@ -121,6 +121,24 @@ async def test_a_durable_publication_the_replica_does_not_confirm_is_refused(
         await node.backend.stop()
 
 
+async def test_a_durable_publication_redis_lacked_the_script_for_waits_too(
+    primary_and_replica: tuple[RedisServer, RedisServer],
+) -> None:
+    """A restarted (or flushed) Redis runs the script by its source on another
+    connection: the ``WAIT`` must follow it there, not only on the batch's connection."""
+    primary, replica = primary_and_replica
+    node = await started(primary.url, wait_replicas=1, wait_timeout=0.3)
+    try:
+        assert await node.backend.publish(pub("first")) is not None
+        command(primary.port, "script", "flush")
+        with frozen(replica), pytest.raises(NotReplicated):
+            await node.backend.publish(pub("unconfirmed"))
+        command(primary.port, "script", "flush")
+        assert await node.backend.publish(pub("kept")) is not None
+    finally:
+        await node.backend.stop()
+
+
 async def test_without_the_durable_mode_the_same_lag_is_acknowledged(
     primary_and_replica: tuple[RedisServer, RedisServer],
 ) -> None:
