@@ -46,6 +46,8 @@ def pub(data: str, channel: str = "agent.durable") -> Publication:
 def primary_and_replica(redis_factory: RedisFactory) -> tuple[RedisServer, RedisServer]:
     """A standalone primary and a replica of it, linked."""
     primary, replica = redis_factory(), redis_factory()
+    # Redis waits 5 s for more replicas before a diskless first sync by default.
+    command(primary.port, "config", "set", "repl-diskless-sync-delay", "0")
     command(replica.port, "replicaof", "127.0.0.1", str(primary.port))
 
     def linked() -> bool:
