@@ -90,6 +90,17 @@ def main() -> None:
     type=float,
     help="Seconds without a heartbeat before a node's presence and counts expire [30].",
 )
+@click.option(
+    "--redis-wait-replicas",
+    type=int,
+    help="Durable mode: acknowledge a publication only once Redis WAIT confirms this many "
+    "replicas keep it, else refuse it with 503 [0: off].",
+)
+@click.option(
+    "--redis-wait-timeout",
+    type=float,
+    help="Seconds WAIT may wait for the replicas (--redis-wait-replicas) [1].",
+)
 @click.option("--shutdown-timeout", type=float, help="Seconds a graceful shutdown may take [10].")
 @click.option("--metrics/--no-metrics", default=None, help="Serve /metrics [on].")
 def serve(**options: Any) -> None:

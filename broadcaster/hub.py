@@ -575,10 +575,7 @@ class Hub:
         try:
             for _ in range(self._fill_attempts):
                 entry.shed = False
-                since, missed = await self._read_missed(key, entry, since)
-                for publication in missed:  # in order, right after ``since``
-                    self._fan_out(entry, publication)
-                    since = publication.position or since
+                since = await self._fill_pages(key, entry, since)
                 entry.last = since
                 if not entry.shed:
                     break  # else held ones were dropped after the read: read on
@@ -596,11 +593,32 @@ class Hub:
         for publication in held:
             self._take(key, entry, publication, started)
 
+    async def _fill_pages(self, key: _Key, entry: _Channel, since: Position) -> Position:
+        """Deliver what the channel published after ``since``, in order, a page
+        (``_PAGE`` publications) per history read as a resume reads it; the position of
+        the last one delivered.
+
+        Raises:
+            _Unfillable: the history no longer has them (or lost them between pages).
+            BackendUnavailable: a page could not be read within the bounds.
+        """
+        since, page = await self._read_missed(key, entry, since)
+        while True:
+            for publication in page.publications:  # in order, right after ``since``
+                self._fan_out(entry, publication)
+                since = publication.position or since
+            top = page.position
+            if len(page.publications) < _PAGE or top is None or since == top:
+                return since
+            page = await self._read_retrying(key, entry, since)
+            if not page.recovered:
+                raise _Unfillable(f"publications after {since} are missing from the history")
+
     async def _read_missed(
         self, key: _Key, entry: _Channel, since: Position
-    ) -> tuple[Position, tuple[Publication, ...]]:
-        """What the channel published after ``since``, and where that starts (the
-        start of a new epoch when the epoch changed).
+    ) -> tuple[Position, HistoryResult]:
+        """The first page of what the channel published after ``since``, and where
+        that starts (the start of a new epoch when the epoch changed).
 
         Raises:
             _Unfillable: the history no longer has them.
@@ -610,7 +628,7 @@ class Hub:
         latest = result.position
         if result.recovered:
             entry.doubt = False  # the store's history goes on from ``since``
-            return since, result.publications
+            return since, result
         if latest is None or (latest.epoch == since.epoch and latest.offset <= since.offset):
             # Nothing stored (Redis restarted empty), or the store went back (a failover
             # lost its last publications): nothing after ``since`` to read. After a
@@ -620,7 +638,7 @@ class Hub:
             if entry.doubt:
                 found = "its store is empty" if latest is None else f"its store ends at {latest}"
                 raise _Unfillable(_doubt(since, found))
-            return since, ()  # the next publication starts a new epoch
+            return since, HistoryResult((), True, None)  # the next one starts a new epoch
         if latest.epoch == since.epoch:
             raise _Unfillable(f"publications after {since} are missing from the history")
         if entry.doubt:
@@ -629,11 +647,12 @@ class Hub:
         result = await self._read_retrying(key, entry, since)
         if not result.recovered:
             raise _Unfillable(f"the start of epoch {latest.epoch} is missing from the history")
-        return since, result.publications
+        return since, result
 
     async def _read_retrying(self, key: _Key, entry: _Channel, since: Position) -> HistoryResult:
-        """Read the history after ``since``, again after a growing pause while the
-        backend is unavailable, within ``fill_attempts`` reads and ``fill_deadline``."""
+        """Read a page of the history after ``since``, again after a growing pause
+        while the backend is unavailable, within ``fill_attempts`` reads and
+        ``fill_deadline``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._fill_deadline
         pause = _FILL_PAUSE
@@ -644,7 +663,7 @@ class Hub:
                 # channel fills at once, and they wait their turn rather than all read
                 # together. Waiting for a slot is not a failed read.
                 async with self._reads, asyncio.timeout(self._read_timeout):
-                    return await self._backend.history(*key, since)
+                    return await self._backend.history(*key, since, _PAGE)
             except (BackendUnavailable, TimeoutError) as exc:
                 if attempt >= self._fill_attempts or loop.time() + pause > deadline:
                     raise BackendUnavailable(f"{attempt} reads failed, the last: {exc}") from exc

@@ -572,6 +572,8 @@ def _backend_for(settings: Settings, apps: Sequence[AppConfig]) -> Backend:
         options["prefix"] = settings.redis_prefix
         options["read_delay"] = settings.redis_read_delay
         options["node_ttl"] = settings.redis_node_ttl
+        options["wait_replicas"] = settings.redis_wait_replicas
+        options["wait_timeout"] = settings.redis_wait_timeout
     return create_backend(settings.backend, **options)
 
 

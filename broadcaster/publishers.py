@@ -434,6 +434,11 @@ class RedisPublisher(BufferedPublisher):
         app_id: the app whose channels receive the envelopes.
         prefix: the deployment's key prefix (the servers' ``--redis-prefix``).
         max_batch: publications one round trip may carry (Redis Cluster: always 1).
+        wait_replicas: the durable mode, as the servers' ``--redis-wait-replicas``: a
+            publication counts as published only once Redis ``WAIT`` confirms that this
+            many replicas keep it; otherwise it is sent again (the one refused may still
+            be in the primary's history: at least once, not exactly once).
+        wait_timeout: seconds ``WAIT`` may wait.
     """
 
     def __init__(
@@ -445,6 +450,8 @@ class RedisPublisher(BufferedPublisher):
         max_buffer: int = 10_000,
         max_batch: int = 100,
         close_timeout: float = 5.0,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
     ) -> None:
         from broadcaster.backends.redis import DEFAULT_PREFIX
 
@@ -457,6 +464,8 @@ class RedisPublisher(BufferedPublisher):
         self._client = client
         self._app_id = app_id
         self._prefix = prefix or DEFAULT_PREFIX
+        self._wait_replicas = wait_replicas
+        self._wait_timeout = wait_timeout
 
     async def _send(self, batch: list[Outgoing]) -> None:
         from redis.asyncio.cluster import RedisCluster
@@ -473,10 +482,22 @@ class RedisPublisher(BufferedPublisher):
                 from broadcaster.backends.redis_cluster import publish_via_redis_cluster
 
                 for publication in publications:
-                    await publish_via_redis_cluster(client, self._prefix, publication)
+                    await publish_via_redis_cluster(
+                        client,
+                        self._prefix,
+                        publication,
+                        wait_replicas=self._wait_replicas,
+                        wait_timeout=self._wait_timeout,
+                    )
             else:
-                await publish_many_via_redis(client, self._prefix, publications)
-        except (RedisError, OSError) as exc:
+                await publish_many_via_redis(
+                    client,
+                    self._prefix,
+                    publications,
+                    wait_replicas=self._wait_replicas,
+                    wait_timeout=self._wait_timeout,
+                )
+        except (RedisError, OSError, BackendUnavailable) as exc:
             raise PublishError(f"cannot publish through Redis: {exc}", retryable=True) from exc
 
     async def save(self, channel: str, snapshot: bytes) -> None:

@@ -133,6 +133,11 @@ class Settings(BaseSettings):
     # Seconds after its last heartbeat (every third of it) when a node counts as dead:
     # its presence members, subscription counts and connection counts stop counting.
     redis_node_ttl: Annotated[float, Field(ge=0.3, le=3600)] = 30.0
+    # The durable mode: a publication is acknowledged only once Redis WAIT confirms that
+    # this many replicas keep it, else refused with 503 (0: acknowledged when the
+    # primary took it; Redis replicates asynchronously). Seconds WAIT may wait.
+    redis_wait_replicas: Annotated[int, Field(ge=0, le=100)] = 0
+    redis_wait_timeout: Annotated[float, Field(gt=0, le=60)] = 1.0
     # Seconds a graceful shutdown may take before remaining work is cancelled.
     shutdown_timeout: Annotated[float, Field(gt=0, le=300)] = 10.0
     metrics: bool = True

@@ -32,6 +32,7 @@ __all__ = [
     "ControlHandler",
     "EncodedHandler",
     "HistoryResult",
+    "NotReplicated",
     "Presence",
     "PresenceFull",
     "PresenceMember",
@@ -92,6 +93,14 @@ class BackendUnavailable(Exception):
 class PublishUnconfirmed(BackendUnavailable):
     """A publication was sent but not answered (a timeout, a connection lost while
     waiting): it may or may not have gone out, so a retry may deliver it twice."""
+
+
+class NotReplicated(BackendUnavailable):
+    """A publication was written to the primary but not confirmed by the replicas the
+    durable mode asks for (Redis ``WAIT``) in time: it is refused, not acknowledged. It
+    may still be in the primary's history and may have reached subscribers (a primary
+    that stays up keeps it; one that dies takes it with it), so a retry may deliver it
+    twice."""
 
 
 class PresenceFull(Exception):

@@ -86,6 +86,7 @@ from broadcaster.backends.base import (
     ControlHandler,
     EncodedHandler,
     HistoryResult,
+    NotReplicated,
     PresenceFull,
     PresenceMember,
     PublicationHandler,
@@ -276,6 +277,8 @@ async def publish_via_redis(
     history_size: int = DEFAULT_HISTORY_SIZE,
     history_ttl: float = DEFAULT_HISTORY_TTL,
     history_meta_ttl: float = DEFAULT_HISTORY_META_TTL,
+    wait_replicas: int = 0,
+    wait_timeout: float = 1.0,
 ) -> Position | None:
     """Publish ``publication`` to every node of the deployment using ``prefix``, as the
     Redis backend does; for processes (agents) that publish without running a node.
@@ -288,13 +291,30 @@ async def publish_via_redis(
         history_size: publications kept per channel (as configured on the nodes).
         history_ttl: seconds the history lives after the channel's last publication.
         history_meta_ttl: seconds the channel's epoch and offset live.
+        wait_replicas: the durable mode (the servers' ``--redis-wait-replicas``): return
+            only once Redis ``WAIT`` confirms that this many replicas keep it.
+        wait_timeout: seconds ``WAIT`` may wait.
 
     Returns:
         The publication's position, or None without ``history``.
 
     Raises:
         redis.exceptions.RedisError: from the client.
+        broadcaster.backends.base.NotReplicated: with ``wait_replicas``, fewer replicas
+            confirmed it in time (it may still be in the primary's history).
     """
+    if history and wait_replicas:
+        positions = await publish_many_via_redis(
+            client,
+            prefix,
+            [publication],
+            history_size=history_size,
+            history_ttl=history_ttl,
+            history_meta_ttl=history_meta_ttl,
+            wait_replicas=wait_replicas,
+            wait_timeout=wait_timeout,
+        )
+        return positions[0]
     if not history:
         p = publication
         await client.publish(
@@ -315,9 +335,12 @@ async def publish_many_via_redis(
     history_size: int = DEFAULT_HISTORY_SIZE,
     history_ttl: float = DEFAULT_HISTORY_TTL,
     history_meta_ttl: float = DEFAULT_HISTORY_META_TTL,
+    wait_replicas: int = 0,
+    wait_timeout: float = 1.0,
 ) -> list[Position]:
     """:func:`publish_via_redis` (with history) for many publications in one round trip
-    (a pipeline), in order; for agent processes publishing many sessions at once.
+    (a pipeline), in order; for agent processes publishing many sessions at once. With
+    ``wait_replicas``, a ``WAIT`` ends the round trip (see :func:`publish_via_redis`).
 
     A connection lost during the round trip raises: Redis may have taken some of the
     publications, so trying the batch again may publish those twice.
@@ -325,7 +348,10 @@ async def publish_many_via_redis(
     Raises:
         redis.exceptions.RedisError: from the client, or the first publication Redis
             refused (nothing after it was refused for another reason).
+        broadcaster.backends.base.NotReplicated: fewer than ``wait_replicas`` replicas
+            confirmed the batch in time.
     """
+    _check_wait(wait_replicas, wait_timeout)
     if not publications:
         return []
     script = _lua.PUBLISH
@@ -339,40 +365,61 @@ async def publish_many_via_redis(
             prefix, p, history_size, history_ttl, history_meta_ttl, epoch
         )
         commands.append(("EVALSHA", script.sha, len(keys), *keys, *args))
+    if wait_replicas:  # on the same connection: it confirms the writes sent before it
+        commands.append(("WAIT", wait_replicas, _ms(wait_timeout)))
     packed = pack_commands(commands)
     for attempt in (1, 2):
-        results = await _round_trip(client, packed, len(commands))
+        results = await _round_trip(client, packed, len(commands), wait_timeout)
         if attempt == 1 and isinstance(results[0], NoScriptError):
             # A restarted or flushed Redis: nothing ran (every call is the same script).
             await client.script_load(script.source)
             continue
         break
+    kept = results.pop() if wait_replicas else None
     for result in results:
         if isinstance(result, Exception):
             raise result
+    if wait_replicas and (isinstance(kept, Exception) or int(cast(int, kept)) < wait_replicas):
+        why = f"WAIT failed: {kept}" if isinstance(kept, Exception) else f"{kept} confirmed it"
+        raise NotReplicated(
+            f"not acknowledged: {wait_replicas} Redis replica(s) must keep it and {why} "
+            f"within {wait_timeout:g} s; it may still be in the primary's history"
+        )
     return [_position(result) for result in results]
 
 
-async def _round_trip(client: Redis, packed: bytes, replies: int) -> list[Any]:
+async def _round_trip(client: Redis, packed: bytes, replies: int, wait: float = 0.0) -> list[Any]:
     """Send ``packed`` (``replies`` commands) on one of ``client``'s pooled connections
     and read every reply: a command's error is its reply. A connection that fails
-    midway is closed, not reused (replies may still be on their way)."""
+    midway is closed, not reused (replies may still be on their way). ``wait``: seconds
+    a reply may take beyond the socket timeout (a ``WAIT`` among the commands)."""
     pool = client.connection_pool
     conn = await pool.get_connection()  # type: ignore[no-untyped-call]
     try:
-        await conn.send_packed_command(packed)
-        results: list[Any] = []
-        for _ in range(replies):
-            try:
-                results.append(await conn.read_response())
-            except ResponseError as exc:  # that command's error; the others stand
-                results.append(exc)
-        return results
+        return await _replies_on(conn, packed, replies, wait)
     except BaseException:
         await conn.disconnect()
         raise
     finally:
         await pool.release(conn)
+
+
+async def _replies_on(
+    conn: AbstractConnection, packed: bytes, replies: int, wait: float
+) -> list[Any]:
+    """Send ``packed`` on ``conn`` and read ``replies`` replies (errors as replies)."""
+    await conn.send_packed_command(packed)
+    timeout = None
+    if wait:
+        socket_timeout = getattr(conn, "socket_timeout", None)
+        timeout = None if socket_timeout is None else socket_timeout + wait
+    results: list[Any] = []
+    for _ in range(replies):
+        try:
+            results.append(await conn.read_response(timeout=timeout))
+        except ResponseError as exc:  # that command's error; the others stand
+            results.append(exc)
+    return results
 
 
 def _publish_script_args(
@@ -659,6 +706,11 @@ class RedisBackend:
         read_delay: seconds the pub/sub connection is not read after each wake-up, so
             that what arrives meanwhile is delivered in one pass (see
             :class:`PubSubReader`); 0 reads at once.
+        wait_replicas: the durable mode: a publication with history is acknowledged
+            only once Redis ``WAIT`` confirms that this many replicas have it, and is
+            refused (:class:`~broadcaster.backends.base.NotReplicated`) otherwise;
+            0 (the default) acknowledges what the primary took.
+        wait_timeout: seconds ``WAIT`` may wait for the replicas.
 
     Raises:
         ValueError: for an invalid URL or option, naming it.
@@ -687,10 +739,13 @@ class RedisBackend:
         reconnect_min: float = 0.1,
         reconnect_max: float = 10.0,
         read_delay: float = 0.0,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
     ) -> None:
         check_history_options(history_size, history_ttl, history_meta_ttl)
         if not 0 <= read_delay <= 1:
             raise ValueError(f"read_delay must be 0-1 seconds, not {read_delay!r}")
+        _check_wait(wait_replicas, wait_timeout)
         _check_options(prefix, node_id, node_ttl, heartbeat_interval, reconnect_min, reconnect_max)
         try:
             self._connect_kwargs: dict[str, Any] = dict(parse_url(url))
@@ -709,6 +764,8 @@ class RedisBackend:
         self.reconnect_min = reconnect_min
         self.reconnect_max = reconnect_max
         self.read_delay = read_delay
+        self.wait_replicas = wait_replicas
+        self.wait_timeout = wait_timeout
         self.reconnects = 0
         """Times the connection to Redis was lost and established again."""
         self.breaks = 0
@@ -793,7 +850,8 @@ class RedisBackend:
         want of an answer (timeout, lost connection) makes it False at once, until a PING
         on a connection of its own answers again; an error reply refusing writes
         (``READONLY``, ``OOM``, ``MISCONF``...) makes it False until a write on that
-        connection goes through (both probed every second)."""
+        connection goes through (both probed every second: a PING and a write of a
+        short-lived key, so a refusal is seen even by a node that writes nothing)."""
         return self._ready and self._responsive and self._refusing is None
 
     @property
@@ -945,7 +1003,8 @@ class RedisBackend:
 
     async def _publish_batch(self, batch: list[_Outgoing]) -> None:
         loop = asyncio.get_running_loop()
-        self._batch_deadline = loop.time() + self.command_timeout
+        waits = self.wait_timeout if self.wait_replicas else 0.0
+        self._batch_deadline = loop.time() + self.command_timeout + waits
         self._batch_expired = False
         self._batch_sent = False
         if self._watchdog is None:
@@ -967,7 +1026,10 @@ class RedisBackend:
         replica = False  # the connection reached a replica: follow the primary
         sent = self._batch_sent  # then a publication without an answer may be out
         for item, result in zip(batch, results, strict=True):
-            if isinstance(result, BaseException):
+            if isinstance(result, NotReplicated):
+                if not item.done.done():
+                    item.done.set_exception(result)
+            elif isinstance(result, BaseException):
                 replica = replica or (_refusal(result) or "").startswith("READONLY")
                 if not item.done.done():  # else the caller was cancelled
                     error = self._failed("publish", result, sent=sent)
@@ -1029,6 +1091,10 @@ class RedisBackend:
                 calls.append(None)
                 name = publication_channel(self.prefix, p.app_id, p.channel)
                 commands.append(("PUBLISH", name, encode_publication(p)))
+        # The durable mode: WAIT on this connection confirms the writes sent before it.
+        waits = bool(self.wait_replicas) and any(call is not None for call in calls)
+        if waits:
+            commands.append(("WAIT", self.wait_replicas, _ms(self.wait_timeout)))
         if self._publisher is None:
             conn = self._new_publish_connection()
             try:
@@ -1046,18 +1112,59 @@ class RedisBackend:
         replies = await waiter
         if mixed:
             replies = replies[1:]
+        kept = replies.pop() if waits else None
         results: list[Any] = []
         for call, reply in zip(calls, replies, strict=True):
             if call is not None and isinstance(reply, NoScriptError):  # a restarted Redis
                 try:
-                    reply = await self._client.eval(script.source, len(call[0]), *call[0], *call[1])
+                    reply = await self._eval(script, call, waits)
                 except _ERRORS as exc:
                     reply = exc
             if isinstance(reply, BaseException) or call is None:
                 results.append(reply if isinstance(reply, BaseException) else None)
             else:
                 results.append(_position(reply))
+        if waits:
+            results = self._unreplicated(calls, results, kept)
         return results
+
+    async def _eval(
+        self,
+        script: _lua.Script,
+        call: tuple[tuple[str, str], tuple[str | int | bytes, ...]],
+        waits: bool,
+    ) -> Any:
+        """Run the publish script by its source (Redis lacked it) on a pooled
+        connection; in the durable mode with its own ``WAIT`` there (the batch's covers
+        only the publications' connection): its reply, or :class:`NotReplicated`."""
+        keys, args = call
+        if not waits:
+            return await self._client.eval(script.source, len(keys), *keys, *args)
+        commands = [("EVAL", script.source, len(keys), *keys, *args)]
+        commands.append(("WAIT", self.wait_replicas, _ms(self.wait_timeout)))
+        reply, kept = await _round_trip(self._client, pack_commands(commands), 2, self.wait_timeout)
+        return self._unreplicated([call], [reply], kept)[0]
+
+    def _unreplicated(
+        self, calls: Sequence[object | None], results: list[Any], kept: Any
+    ) -> list[Any]:
+        """``results`` with each publication kept in history refused when ``kept`` (the
+        ``WAIT`` reply, or its error) is short of ``wait_replicas``."""
+        if not isinstance(kept, BaseException) and int(kept) >= self.wait_replicas:
+            return results
+        if isinstance(kept, BaseException):
+            why = f"WAIT failed: {kept}"
+        else:
+            why = f"{kept} confirmed it within {self.wait_timeout:g} s"
+        refused = NotReplicated(
+            f"the publication is not acknowledged: {self.wait_replicas} Redis replica(s) "
+            f"must keep it (--redis-wait-replicas) and {why}; it may still be in the "
+            "primary's history, so a retry may deliver it twice"
+        )
+        return [
+            refused if call is not None and not isinstance(result, BaseException) else result
+            for call, result in zip(calls, results, strict=True)
+        ]
 
     def _new_publish_connection(self) -> AbstractConnection:
         kwargs = dict(self._connect_kwargs)
@@ -1434,9 +1541,12 @@ class RedisBackend:
         try:
             async with asyncio.timeout(self.command_timeout):
                 await self._prober.ping()
-                if self._refusing is not None:  # does it take writes again?
-                    key = f"{self.prefix}:probe:{self._node_id}"
-                    await self._prober.set(key, b"1", px=_PROBE_TTL_MS)
+                # Every time, not only once refusing: a Redis out of memory answers
+                # PINGs and reads, and a node that publishes nothing itself (agents
+                # publish straight to Redis) would otherwise learn of it only from its
+                # heartbeat, a third of node_ttl later.
+                key = f"{self.prefix}:probe:{self._node_id}"
+                await self._prober.set(key, b"1", px=_PROBE_TTL_MS)
         except ResponseError as exc:
             refusal = _refusal(exc)
             if refusal is not None:
@@ -1928,6 +2038,13 @@ def _give_up(batch: list[tuple[bytes, bytes, asyncio.Future[None]]], reason: str
         if not waiter.done():
             log.debug("%s %r not confirmed (%s); restored on reconnection", kind, name, reason)
             waiter.set_result(None)
+
+
+def _check_wait(wait_replicas: int, wait_timeout: float) -> None:
+    if wait_replicas < 0:
+        raise ValueError(f"wait_replicas must be 0 or more, got {wait_replicas!r}")
+    if not 0 < wait_timeout <= 60:
+        raise ValueError(f"wait_timeout must be 0-60 seconds (not 0), got {wait_timeout!r}")
 
 
 def _check_options(

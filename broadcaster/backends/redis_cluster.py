@@ -64,6 +64,7 @@ from broadcaster.backends.base import (
     DEFAULT_HISTORY_META_TTL,
     DEFAULT_HISTORY_SIZE,
     DEFAULT_HISTORY_TTL,
+    NotReplicated,
     new_epoch,
 )
 from broadcaster.backends.redis import (
@@ -71,10 +72,13 @@ from broadcaster.backends.redis import (
     _MAX_CONNECTIONS,
     PubSubReader,
     RedisBackend,
+    _check_wait,
     _ms,
     _Outgoing,
     _position,
+    _replies_on,
     encode_publication,
+    pack_commands,
     parse_hosts,
     script_payload,
     take_over,
@@ -219,12 +223,17 @@ async def publish_via_redis_cluster(
     history_size: int = DEFAULT_HISTORY_SIZE,
     history_ttl: float = DEFAULT_HISTORY_TTL,
     history_meta_ttl: float = DEFAULT_HISTORY_META_TTL,
+    wait_replicas: int = 0,
+    wait_timeout: float = 1.0,
 ) -> Position | None:
     """Publish as :class:`RedisClusterBackend` does, for processes that run no node (see
-    :func:`broadcaster.backends.redis.publish_via_redis`).
+    :func:`broadcaster.backends.redis.publish_via_redis`; with ``wait_replicas``, the
+    ``WAIT`` goes to the shard that took the write, on the same connection).
 
     Raises:
         redis.exceptions.RedisError: from the client.
+        broadcaster.backends.base.NotReplicated: fewer than ``wait_replicas`` replicas of
+            the shard confirmed it in time.
     """
     p = publication
     name = channel_key(prefix, p.app_id, p.channel, "pub")
@@ -232,7 +241,51 @@ async def publish_via_redis_cluster(
         await client.spublish(name, encode_publication(p))
         return None
     keys, args = _publish_args(prefix, p, history_size, history_ttl, history_meta_ttl)
-    return _position(await SCRIPTS.PUBLISH.run(client, keys, args))
+    if not wait_replicas:
+        return _position(await SCRIPTS.PUBLISH.run(client, keys, args))
+    _check_wait(wait_replicas, wait_timeout)
+    await client.initialize()
+    node = client.get_node_from_key(keys[0])
+    if node is None:
+        raise RedisClusterException(f"no shard serves {keys[0]!r} now")
+    reply, kept = await _publish_and_wait(node, [(keys, args)], wait_replicas, wait_timeout)
+    if isinstance(reply[0], Exception):
+        raise reply[0]
+    if isinstance(kept, Exception) or int(kept) < wait_replicas:
+        raise NotReplicated(
+            f"not acknowledged: {wait_replicas} Redis replica(s) of its shard must keep it "
+            f"and {kept} confirmed it within {wait_timeout:g} s; it may still be in the "
+            "primary's history"
+        )
+    return _position(reply[0])
+
+
+async def _publish_and_wait(
+    node: ClusterNode,
+    calls: list[tuple[tuple[str, str], tuple[str | int | bytes, ...]]],
+    wait_replicas: int,
+    wait_timeout: float,
+) -> tuple[list[Any], Any]:
+    """Run the publish script for ``calls`` (keys of ``node``'s slots) then ``WAIT`` on
+    one connection to ``node``: each call's reply (or error), and ``WAIT``'s."""
+    script = SCRIPTS.PUBLISH
+    commands: list[tuple[str | int | bytes, ...]] = [
+        ("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls
+    ]
+    commands.append(("WAIT", wait_replicas, _ms(wait_timeout)))
+    conn = node.acquire_connection()
+    try:
+        replies = await _replies_on(conn, pack_commands(commands), len(commands), wait_timeout)
+        if isinstance(replies[0], NoScriptError):  # a new primary: nothing ran
+            commands.insert(0, ("SCRIPT", "LOAD", script.source))
+            packed = pack_commands(commands)
+            replies = (await _replies_on(conn, packed, len(commands), wait_timeout))[1:]
+    except BaseException:
+        await conn.disconnect()
+        raise
+    finally:
+        node.release(conn)
+    return replies[:-1], replies[-1]
 
 
 def _publish_args(
@@ -718,7 +771,9 @@ class RedisClusterBackend(RedisBackend):
         for item, result in zip(batch, results, strict=True):
             if item.done.done():
                 continue
-            if isinstance(result, BaseException):
+            if isinstance(result, NotReplicated):
+                item.done.set_exception(result)
+            elif isinstance(result, BaseException):
                 # A timeout came after the pipeline was written: it may have gone out.
                 # (redis-py does not say whether a lost connection was before or after.)
                 sent = isinstance(result, RedisTimeoutError)
@@ -730,22 +785,31 @@ class RedisClusterBackend(RedisBackend):
 
     async def _cluster_pipeline(self, batch: list[_Outgoing]) -> list[Any]:
         """Publish ``batch`` in one pipeline (one round trip per shard); per publication
-        its position, None, or its error."""
+        its position, None, or its error. In the durable mode (``wait_replicas``) the
+        publications with history go to their shards apart, each shard's followed by
+        ``WAIT`` on the same connection (:meth:`_durable`)."""
         script = SCRIPTS.PUBLISH
         size, ttl, meta_ttl = self.history_size, self.history_ttl, self.history_meta_ttl
         calls: list[tuple[tuple[str, str], tuple[str | int | bytes, ...]] | None] = []
+        durable = bool(self.wait_replicas)
         pipe = self.cluster.pipeline()
+        piped = 0
         for item in batch:
             p = item.publication
             if item.history:
                 keys, args = _publish_args(self.prefix, p, size, ttl, meta_ttl)
                 calls.append((keys, args))
-                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                if not durable:
+                    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                    piped += 1
             else:
                 calls.append(None)
                 name = self._key(p.app_id, "pub", p.channel)
                 pipe.spublish(name, encode_publication(p))
-        replies = await pipe.execute(raise_on_error=False)
+                piped += 1
+        waited = await self._durable(calls) if durable else {}
+        piped_replies = iter(await pipe.execute(raise_on_error=False) if piped else ())
+        replies = [waited[i] if i in waited else next(piped_replies) for i in range(len(calls))]
         results: list[Any] = []
         for call, reply in zip(calls, replies, strict=True):
             if call is not None and isinstance(reply, NoScriptError):  # a new primary
@@ -758,3 +822,36 @@ class RedisClusterBackend(RedisBackend):
             else:
                 results.append(_position(reply))
         return results
+
+    async def _durable(
+        self, calls: list[tuple[tuple[str, str], tuple[str | int | bytes, ...]] | None]
+    ) -> dict[int, Any]:
+        """Publish the ``calls`` with history shard by shard, each shard's batch followed
+        by ``WAIT`` (which confirms the writes of its connection): index -> the reply,
+        its error, or :class:`NotReplicated` when the shard's replicas fell short."""
+        groups: dict[str, tuple[ClusterNode, list[int]]] = {}
+        for index, call in enumerate(calls):
+            if call is not None:
+                node = self.cluster.get_node_from_key(call[0][0])
+                if node is None:
+                    raise RedisClusterException(f"no shard serves {call[0][0]!r} now")
+                groups.setdefault(node.name, (node, []))[1].append(index)
+
+        async def shard(node: ClusterNode, indexes: list[int]) -> list[Any]:
+            group = [call for i in indexes if (call := calls[i]) is not None]
+            try:
+                replies, kept = await _publish_and_wait(
+                    node, group, self.wait_replicas, self.wait_timeout
+                )
+            except _ERRORS as exc:
+                with contextlib.suppress(*_ERRORS, RedisClusterException):
+                    await self.cluster.nodes_manager.initialize()  # a failover, perhaps
+                return [exc] * len(indexes)
+            return self._unreplicated(group, replies, kept)
+
+        found = await asyncio.gather(*(shard(node, ix) for node, ix in groups.values()))
+        return {
+            i: reply
+            for (_, indexes), replies in zip(groups.values(), found, strict=True)
+            for i, reply in zip(indexes, replies, strict=True)
+        }

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from broadcaster import protocol
-from broadcaster.backends.base import BackendUnavailable
+from broadcaster.backends.base import BackendUnavailable, HistoryResult
 from broadcaster.connection import Delivery
 from broadcaster.hub import Hub, Resumed
 from broadcaster.metrics import Metrics
@@ -253,7 +253,7 @@ async def test_a_gap_is_filled_from_the_history_before_the_publication_that_reve
     hub.deliver(publication(CH, 6))
     await tick()
     assert raw.offsets() == [1, 2, 3, 4, 5, 6]
-    assert ("history", CH, Position(1, "e1"), None) in backend.calls
+    assert ("history", CH, Position(1, "e1"), 100) in backend.calls  # a page, as a resume
 
 
 async def test_live_copies_of_what_the_history_gave_are_dropped() -> None:
@@ -539,7 +539,7 @@ async def test_the_start_of_a_new_epoch_is_filled() -> None:
     await hub.drain_fills()
     await tick()
     assert raw.offsets() == [7, 1, 2, 3]
-    assert ("history", CH, Position(0, "e2"), None) in backend.calls
+    assert ("history", CH, Position(0, "e2"), 100) in backend.calls
 
 
 async def test_check_gaps_fills_what_was_missed_at_the_end_of_a_stream() -> None:
@@ -552,6 +552,49 @@ async def test_check_gaps_fills_what_was_missed_at_the_end_of_a_stream() -> None
     await hub.drain_fills()
     await tick()
     assert raw.offsets() == [1, 2, 3]
+
+
+async def test_a_large_gap_is_read_page_by_page_and_delivered_whole_and_in_order() -> None:
+    """After an outage the whole missing range is not read at once: pages of a
+    resume's size, each read in a slot of ``max_history_reads`` (the same bounds);
+    what arrives live meanwhile follows, once."""
+    backend = ScriptedBackend(streams={CH: stream(*range(1, 251))})
+    hub = make_hub(backend, max_history_reads=1)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH)
+    hub.deliver(publication(CH, 1))
+    hub.check_gaps()  # reconnected: 2-250 were published meanwhile
+    backend.append(CH, publication(CH, 251))
+    hub.deliver(publication(CH, 251))  # live while the gap is filled: held
+    await hub.drain_fills()
+    await tick()
+    assert raw.offsets() == list(range(1, 252))
+    reads = [call for call in backend.calls if call[0] == "history"]
+    assert [call[2].offset for call in reads] == [1, 101, 201]
+    assert all(call[3] == 100 for call in reads)
+
+
+async def test_a_gap_trimmed_away_between_pages_closes_the_subscribers_with_4100() -> None:
+    """The history lost the next page while the first was delivered: told, not a gap."""
+
+    class Trimming(ScriptedBackend):
+        async def history(
+            self, app_id: str, channel: str, since: Position, limit: int | None = None
+        ) -> HistoryResult:
+            page = await super().history(app_id, channel, since, limit)
+            self.trimmed[channel] = 120  # the rest of the gap is trimmed away meanwhile
+            return page
+
+    backend = Trimming(streams={CH: stream(*range(1, 151))})
+    hub = make_hub(backend)
+    conn, raw = recording_connection("1.1")
+    await hub.subscribe(conn, CH)
+    hub.deliver(publication(CH, 1))
+    hub.check_gaps()
+    await hub.drain_fills()
+    await tick()
+    assert raw.offsets() == list(range(1, 102))
+    assert raw.closed_with == 4100
 
 
 async def test_gap_fills_after_a_reconnect_read_at_most_max_history_reads_at_once() -> None:

@@ -28,7 +28,13 @@ after the kill, before its promotion: the first publication after it starts a ne
 epoch and drops that history). With ``cut=True`` the
 victim's replica is frozen (SIGSTOP) and its replication link cut (``CLIENT KILL TYPE
 replica``) 0.3 s before the kill, and thawed right after it, so that it misses what was
-accepted meanwhile: a replication lag made to happen, not waited for.
+accepted meanwhile: a replication lag made to happen, not waited for. With
+``wait_replicas`` the nodes run the durable mode (``--redis-wait-replicas``): an
+acknowledged publication must then never be lost, and those the cut replica could not
+confirm are refused (``refused_unreplicated``) rather than acknowledged. The promoted
+replica has no replica of its own until the killed primary comes back as one, and
+until then every publication is refused: such a trial restarts the victim as soon as
+the nodes are ready (``replica_back_s``), and publishing resumes after it.
 """
 
 from __future__ import annotations
@@ -191,12 +197,15 @@ class Trial:
 
     topology: str
     cut: bool
+    wait_replicas: int = 0
     accepted: int = 0
     refused_attempts: int = 0
+    refused_unreplicated: int = 0  # refused by the durable mode: no replica confirmed
     accepted_before_kill: int = 0
     lost_by_replication: int = 0  # accepted before the kill, missing from the history
     resumed_recovered: bool | None = None
     outage_s: float = 0.0  # kill -> both nodes' /ready 200 again
+    replica_back_s: float = 0.0  # kill -> the victim replicates the promoted one (durable)
     receive_again_s: float = 0.0  # kill -> a publication sent after it reached every live client
     live_clients: int = 0
     closed_with_4100: int = 0  # live clients closed to resume (the store changed)
@@ -205,10 +214,17 @@ class Trial:
 
 
 async def failover_trial(
-    faults: Faults, nodes: Sequence[ServerProcess], channel: str, name: str, *, cut: bool = False
+    faults: Faults,
+    nodes: Sequence[ServerProcess],
+    channel: str,
+    name: str,
+    *,
+    cut: bool = False,
+    wait_replicas: int = 0,
 ) -> Trial:
-    """Run one failover (see the module's docstring); the caller heals the topology."""
-    trial = Trial(name, cut)
+    """Run one failover (see the module's docstring); the caller heals the topology.
+    ``wait_replicas``: what the nodes were started with (for the record)."""
+    trial = Trial(name, cut, wait_replicas)
     live: list[tuple[ServerProcess, Reader]] = []
     for node in nodes:
         for _ in range(2):
@@ -242,6 +258,9 @@ async def failover_trial(
         for node in nodes:
             await becomes(node, 200, within=40)
         trial.outage_s = round(time.monotonic() - killed_at, 2)
+        if wait_replicas:  # nothing can confirm a publication until a replica is back
+            await asyncio.to_thread(faults.heal, victim)
+            trial.replica_back_s = round(time.monotonic() - killed_at, 2)
         mark = len(publisher.accepted)
         await eventually(lambda: len(publisher.accepted) >= mark + 20, "publishing to resume")
         # The dead primary may have acknowledged a publication it never wrote to a node
@@ -263,6 +282,7 @@ async def failover_trial(
         await eventually(lambda: all(r.seqs and r.seqs[-1] >= last for r in [*current, back]), "")
     trial.accepted = len(accepted)
     trial.refused_attempts = publisher.refused
+    trial.refused_unreplicated = publisher.unreplicated
     trial.live_clients = len(live)
     trial.closed_with_4100 = len(resumed)
     trial.closed_resumed_recovered = sum(
@@ -313,7 +333,7 @@ def _first_after(reader: Reader, after_kill: list[bool]) -> float | None:
 # -- scripts/failover-trials ------------------------------------------------------------
 
 
-async def _trials(topology: str, count: int, cut: bool) -> list[Trial]:
+async def _trials(topology: str, count: int, cut: bool, wait_replicas: int = 0) -> list[Trial]:
     faults: ClusterFaults | SentinelFaults
     if topology == "cluster":
         cluster = ClusterTopology().start()
@@ -327,13 +347,16 @@ async def _trials(topology: str, count: int, cut: bool) -> list[Trial]:
     trials: list[Trial] = []
     try:
         for _ in range(2):
-            nodes.append(ServerProcess(("--backend", faults.url, *SERVE_ARGS)).start())
+            durable = ("--redis-wait-replicas", str(wait_replicas))
+            nodes.append(ServerProcess(("--backend", faults.url, *SERVE_ARGS, *durable)).start())
         for node in nodes:
             node.wait_ready()
         for i in range(count):
             channel = f"agent.trial-{i}-{time.monotonic_ns()}"
             victim = faults.victim(channel)
-            trial = await failover_trial(faults, nodes, channel, topology, cut=cut)
+            trial = await failover_trial(
+                faults, nodes, channel, topology, cut=cut, wait_replicas=wait_replicas
+            )
             trials.append(trial)
             print(json.dumps(asdict(trial)), flush=True)
             for node in nodes:  # what the nodes said about channels that missed something
@@ -341,7 +364,8 @@ async def _trials(topology: str, count: int, cut: bool) -> list[Trial]:
                     if "missed" in line:
                         print(f"{node.url}: {line.strip()}", file=sys.stderr)
                 node.output.clear()
-            faults.heal(victim)
+            if not wait_replicas:  # else healed during the trial
+                faults.heal(victim)
             for node in nodes:
                 await becomes(node, 200, within=40)
     finally:
@@ -358,9 +382,11 @@ def summary(trials: Sequence[Trial]) -> dict[str, Any]:
     return {
         "topology": trials[0].topology,
         "cut_replication": trials[0].cut,
+        "wait_replicas": trials[0].wait_replicas,
         "trials": len(trials),
         "accepted": sum(t.accepted for t in trials),
         "refused_attempts": sum(t.refused_attempts for t in trials),
+        "refused_unreplicated": sum(t.refused_unreplicated for t in trials),
         "lost_by_replication": sum(t.lost_by_replication for t in trials),
         "trials_with_loss": sum(1 for t in trials if t.lost_by_replication),
         "resumes_not_recovered": sum(1 for t in trials if t.resumed_recovered is False),
@@ -380,8 +406,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--cut", action="store_true", help="cut the replication link 0.3 s before each kill"
     )
+    parser.add_argument(
+        "--wait-replicas",
+        type=int,
+        default=0,
+        help="run the nodes in the durable mode (--redis-wait-replicas N)",
+    )
     args = parser.parse_args(argv)
-    trials = asyncio.run(_trials(args.topology, args.trials, args.cut))
+    trials = asyncio.run(_trials(args.topology, args.trials, args.cut, args.wait_replicas))
     result = summary(trials)
     print(json.dumps({"summary": result}), flush=True)
     for trial in trials:

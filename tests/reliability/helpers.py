@@ -193,6 +193,7 @@ class Publisher:
     accepted: list[int] = field(default_factory=list)
     sent_at: list[float] = field(default_factory=list)
     refused: int = 0
+    unreplicated: int = 0  # refusals of the durable mode (--redis-wait-replicas)
     retried: set[int] = field(default_factory=set)
 
     async def run(self, until: Callable[[], bool]) -> None:
@@ -206,6 +207,8 @@ class Publisher:
                 try:
                     response = await publish(http, url, self.channel, "seq", str(seq))
                     ok = response.status_code == 200
+                    if response.status_code == 503 and "not acknowledged" in response.text:
+                        self.unreplicated += 1
                 except httpx.HTTPError:
                     ok = False
                 if ok:

@@ -117,3 +117,31 @@ async def test_a_gap_the_history_no_longer_holds_makes_the_client_resume_unrecov
     await put(redis, prefix, 8)
     assert await received(again, 1) == [8]
     await redis.aclose()
+
+
+async def test_a_large_gap_after_an_outage_is_read_in_pages_and_delivered_whole(
+    start_server: StartServer, clients: Connect, redis_server: RedisServer
+) -> None:
+    """250 publications missed: read as a resume reads (pages of 100, each its own
+    XRANGE in the history script), not as one read of the whole range."""
+    live, client, redis, prefix = await setup(start_server, clients, redis_server)
+    await put(redis, prefix, 0)
+    assert await received(client, 1) == [0]
+    await live.node.backend.unsubscribe(APP_ID, CHANNEL)  # the outage, as node sees it
+    for n in range(1, 251):
+        await put(redis, prefix, n)
+    await live.node.backend.subscribe(APP_ID, CHANNEL)
+    before = await xranges(redis)
+    live.node.hub.check_gaps()  # what the node does when the backend reconnected
+    await live.node.hub.drain_fills()
+    assert await received(client, 250) == list(range(1, 251))
+    assert await xranges(redis) - before == 3
+    await put(redis, prefix, 251)
+    assert await received(client, 1) == [251]  # and nothing twice
+    await redis.aclose()
+
+
+async def xranges(redis: Redis) -> int:
+    """XRANGE calls Redis has run (the history script's reads count too)."""
+    stats = await redis.info("commandstats")
+    return int(stats.get("cmdstat_xrange", {}).get("calls", 0))

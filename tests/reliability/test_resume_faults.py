@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import queue
 import signal
@@ -27,6 +28,8 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from redis.asyncio import Redis
+from redis.exceptions import OutOfMemoryError
 
 from broadcaster.backends.base import HistoryResult
 from broadcaster.backends.memory import MemoryBackend
@@ -112,6 +115,48 @@ async def test_ready_turns_503_while_redis_refuses_writes_and_says_why(
     await eventually(lambda: answers(server, 200), "/ready to answer 200 once writes pass")
     async with httpx.AsyncClient(timeout=10) as http:
         assert (await publish(http, server.url, CHANNEL, "e", "{}")).status_code == 200
+
+
+@pytest.mark.redis
+async def test_ready_turns_503_when_a_filled_redis_refuses_writes_though_nothing_was_published(
+    server_factory: ServerFactory, redis_factory: Callable[[], RedisServer]
+) -> None:
+    """A real Redis at its ``maxmemory`` with ``noeviction``, filled by others: it
+    answers PINGs and reads, and refuses every write. A node that publishes nothing
+    itself (agents publish straight to Redis) must say so on /ready too; its heartbeat,
+    a third of ``--redis-node-ttl`` away, is not what tells."""
+    redis = redis_factory()
+    server = server_factory("--backend", redis.url, "--redis-node-ttl", "600")
+    server.wait_ready()
+    assert await answers(server, 200)
+    filler = Redis.from_url(redis.url)
+    try:
+        used = int((await filler.info("memory"))["used_memory"])
+        await filler.config_set("maxmemory-policy", "noeviction")
+        await filler.config_set("maxmemory", str(used + (1 << 20)))
+        with pytest.raises(OutOfMemoryError):
+            await fill(filler)
+        await eventually(lambda: answers(server, 503), "/ready to answer 503")
+        async with httpx.AsyncClient(timeout=10) as http:
+            ready = await http.get(f"{server.url}/ready")
+        assert ready.json()["backend"].startswith("refuses writes (OOM")
+
+        await filler.flushdb()  # a delete is no write that memory refuses
+        await eventually(lambda: answers(server, 200), "/ready to answer 200 once writes pass")
+    finally:
+        await filler.aclose()
+
+
+async def fill(redis: Redis) -> None:
+    """Write 16 KiB values until Redis refuses (about 64 fit in the 1 MiB left), then
+    lower the limit 64 KiB under what the data holds: memory that a key expiring or a
+    client's buffer frees must not let a small write through now and then."""
+    with contextlib.suppress(OutOfMemoryError):
+        for n in range(100_000):
+            await redis.set(f"filler:{n}", b"x" * 16_384)
+    used = int((await redis.info("memory"))["used_memory"])
+    await redis.config_set("maxmemory", str(used - (64 << 10)))
+    await redis.set("filler:last", b"x")
 
 
 async def answers(server: ServerProcess, code: int) -> bool:

@@ -3,9 +3,14 @@ client events and resume from a position."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+import pytest
+import websockets
 
 from broadcaster.signing import channel_auth, user_auth
 from tests.support.live import APP_ID, KEY, SECRET, Client, LiveServer, StartServer, write_apps
@@ -83,6 +88,37 @@ async def test_presence_members_join_and_leave(live: LiveServer, clients: Connec
     await bob.close()
     removed = await alice.expect("pusher_internal:member_removed")
     assert removed["data"] == {"user_id": "bob"}
+
+
+@pytest.mark.parametrize("backend", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def test_a_hundred_presence_members_closing_at_once_each_get_the_close_frame(
+    start_server: StartServer, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """Every member hears the others leave while it closes: the server still answers
+    each close frame at once (1000), well within a client's close timeout (2 s here,
+    websockets' default is 10 s), rather than the client giving up (1006). The members
+    read what they are sent, as pusher-js does: a client that stops reading (websockets
+    pauses once ``max_queue`` messages are unread) cannot read the close frame either."""
+    url = "memory://" if backend == "memory" else request.getfixturevalue("redis_server").url
+    live = await start_server(backend=url)
+    channel = "presence-crowd"
+    members = []
+    for n in range(100):
+        member = await Client.connect(live.app_url(), close_timeout=2)
+        answer = await member.subscribe(channel, **presence_fields(member, channel, f"u{n}"))
+        assert answer["event"] == "pusher_internal:subscription_succeeded"
+        members.append(member)
+    readers = [asyncio.create_task(read_all(m)) for m in members]
+    await asyncio.gather(*(m.ws.close() for m in members))
+    await asyncio.gather(*readers)
+    codes = [m.ws.protocol.close_rcvd for m in members]
+    assert [None if c is None else c.code for c in codes] == [1000] * 100
+
+
+async def read_all(client: Client) -> None:
+    with contextlib.suppress(websockets.ConnectionClosed):
+        async for _ in client.ws:
+            pass
 
 
 async def test_second_connection_of_a_member_is_not_announced_twice(
