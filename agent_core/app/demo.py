@@ -58,6 +58,7 @@ from broadcaster.node import Node
 from broadcaster.publishers import BackendStateStore, InProcessPublisher, state_key
 from broadcaster.sessions import (
     SESSION_ID,
+    TRACE_FORMATS,
     bearer_token,
     private_channel,
     private_session_exists,
@@ -256,6 +257,17 @@ def install(ctx: ExtensionContext) -> None:
     ctx.routes += agui.routes(demo)
     ctx.routes += vercel_ai.routes(demo)
     ctx.state["demo"] = demo
+    _register_otlp(ctx)
+
+
+def _register_otlp(ctx: ExtensionContext) -> None:
+    """Serve ``GET /api/sessions/{id}/trace?format=otlp`` through the OpenTelemetry
+    mapping, when its extra (``agent-broadcaster[otel]``) is installed."""
+    try:
+        from agent_core.integrations.otel import otlp_json
+    except ImportError:
+        return
+    ctx.state.setdefault(TRACE_FORMATS, {})["otlp"] = otlp_json
 
 
 def _error(status: int, message: str, **extra: Any) -> JSONResponse:

@@ -26,7 +26,7 @@ from agent_core.adapters.broadcasting import AdapterOptions, EnvelopeEmitter, su
 from agent_core.events import AgentEvent, StreamChunk
 from agent_core.messages import Usage
 from broadcaster import envelope as env
-from broadcaster.publishers import Publisher, StateStore
+from broadcaster.publishers import BufferedPublisher, Publisher, StateStore, run_recorder
 
 __all__ = ["FrameworkRun", "StepRecord", "default_state_url"]
 
@@ -124,6 +124,9 @@ class FrameworkRun(EnvelopeEmitter):
         self.started_at = datetime.now(UTC)
         if prompt:
             self._messages.append({"role": "user", "content": prompt, "metadata": {}})
+        runs = run_recorder(self.state_store)
+        if runs is not None and self.execution_id:
+            await runs.started(self.channel, self.execution_id, input_text=prompt or "")
         await self._send(env.AgentStatus, env.StatusPayload(status="in_progress"))
 
     async def step_started(
@@ -319,6 +322,11 @@ class FrameworkRun(EnvelopeEmitter):
         await self._send(env.AgentStatus, payload)
         self.finished = True
         await self.aclose()
+        runs = run_recorder(self.state_store)
+        if runs is not None and self.execution_id:  # again, the final status published
+            if isinstance(self.publisher, BufferedPublisher):
+                await self.publisher.flush(5.0)
+            await runs.ended(self.channel, self.execution_id, status=status, error=error)
 
     async def _store(self, snapshot: dict[str, Any]) -> str | None:
         if self.state_store is None:
