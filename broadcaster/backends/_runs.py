@@ -3,10 +3,12 @@
 Redis layout, for ``prefix`` P and app A, the same on a standalone Redis, Sentinel and
 Redis Cluster (hash tags)::
 
-    P:{A}:runs                   sorted set "<channel>\\n<execution id>" -> start (ms)
-    P:{A}:run:<channel>\\n<exec>  a run's summary (JSON), with the state's TTL
-    P:{A}:runs:<channel>         sorted set execution id -> start (ms): a session's runs
-    P:{A:<channel>}:trace:<exec> a run's trace (JSON), in its channel's slot
+    P:{A}:run-index                      sorted set "<channel>\\n<exec>" -> start (ms)
+    P:{A}:run-summary:<channel>\\n<exec>  a run's summary (JSON), with the state's TTL
+    P:{A}:run-session:<channel>          sorted set exec -> start (ms): a session's runs
+    P:{A:<channel>}:trace:<exec>         a run's trace (JSON), in its channel's slot
+
+(``P:{A}:runs`` is the worker's run queue, :mod:`agent_core.app.worker`.)
 
 The index keys share the app's slot, so one script writes a run (summary, both sorted
 sets, the bound of :data:`~broadcaster.run_index.RUN_INDEX_SIZE` runs per app) and one
@@ -156,15 +158,19 @@ class RedisRunIndex:
     ) -> None:
         with _unavailable("index a run"):
             app, member = self._app(app_id), run_member(channel, execution_id)
-            keys = (f"{app}:runs", f"{app}:run:{member}", f"{app}:runs:{channel}")
+            keys = (
+                f"{app}:run-index",
+                f"{app}:run-summary:{member}",
+                f"{app}:run-session:{channel}",
+            )
             args = (
                 member,
                 started_ms,
                 summary,
                 _ms(ttl),
                 self._size,
-                f"{app}:run:",
-                f"{app}:runs:",
+                f"{app}:run-summary:",
+                f"{app}:run-session:",
                 execution_id,
                 SESSION_RUNS,
             )
@@ -187,7 +193,7 @@ class RedisRunIndex:
         with _unavailable("read the run index"):
             app = self._app(app_id)
             args = (
-                f"{app}:run:",
+                f"{app}:run-summary:",
                 "" if before is None else before[0],
                 "" if before is None else before[1],
                 "-inf" if start_min is None else start_min,
@@ -195,7 +201,7 @@ class RedisRunIndex:
                 count,
             )
             reply: list[Any] = await _PAGE.run(
-                cast("Redis", self._client()), (f"{app}:runs",), args
+                cast("Redis", self._client()), (f"{app}:run-index",), args
             )
             runs: list[IndexedRun] = []
             last: tuple[int, str] | None = None
@@ -209,15 +215,15 @@ class RedisRunIndex:
     async def session_runs(self, app_id: str, channel: str) -> list[bytes]:
         with _unavailable("read a session's runs"):
             app = self._app(app_id)
-            args = (f"{app}:run:", channel)
+            args = (f"{app}:run-summary:", channel)
             reply = await _SESSION.run(
-                cast("Redis", self._client()), (f"{app}:runs:{channel}",), args
+                cast("Redis", self._client()), (f"{app}:run-session:{channel}",), args
             )
             return [_bytes(item) for item in reply]
 
     async def load_run(self, app_id: str, channel: str, execution_id: str) -> bytes | None:
         with _unavailable("read a run"):
-            key = f"{self._app(app_id)}:run:{run_member(channel, execution_id)}"
+            key = f"{self._app(app_id)}:run-summary:{run_member(channel, execution_id)}"
             value = await self._client().get(key)
             return None if value is None else _bytes(value)
 
