@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -213,20 +214,37 @@ class RunFilter:
     q: str | None = None
     private: bool = False
 
-    def accepts(self, run: RunSummary) -> bool:
-        if run.private and not self.private:
+    def accepts(self, raw: bytes) -> bool:
+        """Whether the stored summary ``raw`` matches. Most entries are turned down by a
+        look at the bytes (summaries are compact JSON, where ``"key":value`` cannot
+        occur inside a string: its quotes would be escaped) before any is decoded."""
+        if not self.private and b'"private":true' in raw:
             return False
-        if self.status is not None and run.status != self.status:
+        if self.status is not None and b'"status":' + orjson.dumps(self.status) not in raw:
             return False
-        if self.stop_reason is not None and run.stop_reason != self.stop_reason:
+        needle = self.q.casefold() if self.q else None
+        if needle and _PLAIN.fullmatch(needle) and needle not in raw.decode().casefold():
             return False
-        if self.resolved_by is not None and run.resolved_by != self.resolved_by:
+        if self.stop_reason is None and self.resolved_by is None and not needle:
+            return True
+        try:
+            run = orjson.loads(raw)
+        except orjson.JSONDecodeError:
             return False
-        if self.q:
-            needle = self.q.casefold()
-            haystack = (run.input_preview, run.session_id, run.execution_id)
-            return any(needle in text.casefold() for text in haystack)
+        if not isinstance(run, dict):
+            return False
+        if self.stop_reason is not None and run.get("stop_reason") != self.stop_reason:
+            return False
+        if self.resolved_by is not None and run.get("resolved_by") != self.resolved_by:
+            return False
+        if needle:
+            fields = (run.get("input_preview"), run.get("session_id"), run.get("execution_id"))
+            return any(isinstance(text, str) and needle in text.casefold() for text in fields)
         return True
+
+
+_PLAIN = re.compile(r"[\w .,:;!?@=+*/()\[\]{}'#%&$-]*")
+"""Text whose JSON encoding is itself, so it is found in a summary's bytes if at all."""
 
 
 # -- folding envelopes into a summary and a trace -----------------------------------------

@@ -38,7 +38,6 @@ from broadcaster.run_index import (
     RUN_INDEX_SIZE,
     RunFilter,
     RunIndex,
-    RunSummary,
     build_trace,
     decode_cursor,
     encode_cursor,
@@ -366,8 +365,9 @@ async def _list(index: RunIndex, app_id: str, query: _ListQuery) -> bytes:
     found: list[bytes] = []
     key_of_last: tuple[int, str] | None = None
     before, scanned, more = query.before, 0, True
+    window = query.limit + 1  # the first page of an unfiltered list: one read
     while more and len(found) <= query.limit and scanned < SCAN_BUDGET:
-        count = min(max(query.limit + 1 - len(found), 16), SCAN_BUDGET - scanned)
+        count = min(window, SCAN_BUDGET - scanned)
         page, next_key = await index.page(
             app_id,
             before=before,
@@ -376,15 +376,12 @@ async def _list(index: RunIndex, app_id: str, query: _ListQuery) -> bytes:
             count=count,
         )
         scanned += count
+        window = min(window * 4, 2000)  # a filter that matches little: read more at once
         for entry in page:
-            if len(found) == query.limit:
-                found.append(b"")  # one more: there is a next page
-                break
-            try:
-                summary = RunSummary.from_json(entry.summary)
-            except ValueError:
-                continue
-            if query.accepts.accepts(summary):
+            if query.accepts.accepts(entry.summary):
+                if len(found) == query.limit:
+                    found.append(b"")  # one more: there is a next page
+                    break
                 found.append(entry.summary)
                 key_of_last = (entry.started_ms, entry.member)
         more, before = next_key is not None, next_key
