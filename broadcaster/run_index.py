@@ -42,6 +42,7 @@ __all__ = [
     "RunIndex",
     "RunRecorder",
     "RunSummary",
+    "Trace",
     "build_trace",
     "decode_cursor",
     "encode_cursor",
@@ -302,13 +303,26 @@ def summarize(base: RunSummary, envelopes: Iterable[dict[str, Any]]) -> RunSumma
     return replace(run, tool_calls=max(run.tool_calls, len(tools)))
 
 
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """A run's envelopes found in its channel's history (see :func:`build_trace`)."""
+
+    envelopes: list[dict[str, Any]]
+    """Every envelope of the run, decoded, oldest first."""
+    entries: list[tuple[str | None, str]]
+    """The ``(position, envelope JSON)`` kept within the bound."""
+    trimmed: bool
+    """Some were lost: the history no longer reached the run's start, or the bound
+    dropped some (stream chunks first, then the oldest)."""
+    first_position: str | None = None
+    last_position: str | None = None
+
+
 def build_trace(
     kept: Sequence[Publication], execution_id: str, max_bytes: int = TRACE_BYTES
-) -> tuple[list[dict[str, Any]], list[tuple[str | None, str]], bool]:
-    """The run's envelopes among ``kept`` (a channel's history, oldest first): the
-    decoded envelopes, the ``(position, envelope JSON)`` entries to keep within
-    ``max_bytes``, and whether any were lost (the history no longer reached the run's
-    start, or the bound dropped some: stream chunks first, then the oldest)."""
+) -> Trace:
+    """The run ``execution_id``'s envelopes among ``kept`` (a channel's history, oldest
+    first), bounded to ``max_bytes``."""
     mine: list[tuple[Publication, dict[str, Any]]] = []
     for publication in kept:
         if execution_id not in publication.data:  # cheap test before decoding
@@ -329,6 +343,7 @@ def build_trace(
         if not starts and first_publication is kept[0] and position and position.offset > 1:
             trimmed = True  # the channel's history was cut inside this run
     entries = [(None if p.position is None else str(p.position), p.data) for p, _ in mine]
+    span = (entries[0][0], entries[-1][0]) if entries else (None, None)
     size = sum(len(data) for _, data in entries)
     if size > max_bytes:
         trimmed = True
@@ -341,7 +356,7 @@ def build_trace(
                     keep[i] = False
                     size -= len(entries[i][1])
         entries = [entry for entry, kept_ in zip(entries, keep, strict=True) if kept_]
-    return [envelope for _, envelope in mine], entries, trimmed
+    return Trace([envelope for _, envelope in mine], entries, trimmed, *span)
 
 
 def encode_trace(entries: Sequence[tuple[str | None, str]], trimmed: bool) -> bytes:
@@ -430,8 +445,8 @@ class RunRecorder:
         base = RunSummary(session_id, execution_id, time.time(), private=private)
         if stored is not None:
             base = RunSummary.from_json(stored)
-        kept = await index.kept(app, channel)
-        envelopes, entries, trimmed = build_trace(kept, execution_id, self._trace_bytes)
+        found = build_trace(await index.kept(app, channel), execution_id, self._trace_bytes)
+        envelopes, entries, trimmed = found.envelopes, found.entries, found.trimmed
         if stored is None and envelopes:
             begun = _seconds(envelopes[0].get("timestamp"))
             base = replace(base, started_at=begun or base.started_at)
@@ -444,7 +459,9 @@ class RunRecorder:
         if capability is not None:
             summary = replace(summary, capability=capability)
         if entries:
-            summary = replace(summary, first_position=entries[0][0], last_position=entries[-1][0])
+            summary = replace(
+                summary, first_position=found.first_position, last_position=found.last_position
+            )
         had_trace = await index.load_trace(app, channel, execution_id) is not None
         if entries or not had_trace:
             trace = encode_trace(entries, trimmed or (stored is not None and not entries))

@@ -405,8 +405,8 @@ async def _trace(
         return None
     stored = await index.load_trace(app_id, channel, execution_id)
     if stored is None:
-        _, entries, trimmed = build_trace(await index.kept(app_id, channel), execution_id)
-        stored = encode_trace(entries, trimmed)
+        found = build_trace(await index.kept(app_id, channel), execution_id)
+        stored = encode_trace(found.entries, found.trimmed)
     return orjson.loads(summary), orjson.loads(stored)
 
 

@@ -265,9 +265,16 @@ class _AppRuns:
     sessions: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
+MEMORY_TRACE_BYTES = 256 * 1024 * 1024
+"""The most trace bytes one memory backend keeps (all apps): beyond it the oldest
+traces are dropped (their runs stay listed; opening one reads what the channel's
+history still holds)."""
+
+
 class MemoryRunIndex:
     """The run index of one process: the newest ``size`` runs per app, each kept for
-    its TTL (the memory backend's clock), with its trace."""
+    its TTL (the memory backend's clock), with its trace (at most ``trace_budget``
+    bytes of traces in all)."""
 
     def __init__(
         self,
@@ -275,12 +282,15 @@ class MemoryRunIndex:
         clock: Callable[[], float] = time.monotonic,
         *,
         size: int = RUN_INDEX_SIZE,
+        trace_budget: int = MEMORY_TRACE_BYTES,
     ) -> None:
         self._kept = kept
         self._clock = clock
         self._size = size
+        self._trace_budget = trace_budget
+        self._trace_bytes = 0
         self._apps: dict[str, _AppRuns] = {}
-        self._traces: dict[tuple[str, str], tuple[bytes, float]] = {}
+        self._traces: dict[tuple[str, str], tuple[bytes, float]] = {}  # oldest first
 
     async def put_run(
         self,
@@ -314,7 +324,12 @@ class MemoryRunIndex:
             session.pop(execution_id, None)
             if not session:
                 del app.sessions[channel]
-        self._traces.pop((app_id, member), None)
+        self._drop_trace((app_id, member))
+
+    def _drop_trace(self, key: tuple[str, str]) -> None:
+        found = self._traces.pop(key, None)
+        if found is not None:
+            self._trace_bytes -= len(found[0])
 
     def _live(self, app_id: str, app: _AppRuns, member: str) -> bytes | None:
         found = app.runs.get(member)
@@ -368,13 +383,18 @@ class MemoryRunIndex:
     async def put_trace(
         self, app_id: str, channel: str, execution_id: str, trace: bytes, ttl: float
     ) -> None:
-        self._traces[(app_id, run_member(channel, execution_id))] = (trace, self._clock() + ttl)
+        key = (app_id, run_member(channel, execution_id))
+        self._drop_trace(key)
+        self._traces[key] = (trace, self._clock() + ttl)
+        self._trace_bytes += len(trace)
+        while self._trace_bytes > self._trace_budget and len(self._traces) > 1:
+            self._drop_trace(next(iter(self._traces)))
 
     async def load_trace(self, app_id: str, channel: str, execution_id: str) -> bytes | None:
         key = (app_id, run_member(channel, execution_id))
         found = self._traces.get(key)
         if found is None or found[1] <= self._clock():
-            self._traces.pop(key, None)
+            self._drop_trace(key)
             return None
         return found[0]
 
@@ -391,7 +411,7 @@ class MemoryRunIndex:
                     self._forget(app_id, app, member)
         for key, (_, expires_at) in list(self._traces.items()):
             if expires_at <= now:
-                del self._traces[key]
+                self._drop_trace(key)
 
 
 def _ms(seconds: float) -> int:
