@@ -74,7 +74,7 @@ _PAGE = _lua.Script(
 -- (start, member); members whose summary expired are dropped from the set.
 local top, skip = ARGV[5], 0
 if ARGV[2] ~= '' then
-  if tonumber(ARGV[2]) < tonumber(top) or top == '+inf' then top = ARGV[2] end
+  if top == '+inf' or tonumber(ARGV[2]) < tonumber(top) then top = ARGV[2] end
   if top == ARGV[2] then
     for _, member in ipairs(redis.call('ZREVRANGEBYSCORE', KEYS[1], top, top)) do
       if member >= ARGV[3] then skip = skip + 1 end

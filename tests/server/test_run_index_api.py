@@ -234,6 +234,23 @@ async def test_bad_trace_parameters_and_unknown_runs(live: LiveServer) -> None:
         assert "--demo" in otlp.json()["error"]
 
 
+async def test_a_run_is_opened_after_its_channel_history_expired(
+    start_server: StartServer,
+) -> None:
+    live = await start_server(history_ttl=1)
+    await record(live.node, "agent.old", "e1", "yesterday's failed run", status="failed")
+
+    async def history_gone() -> bool:
+        return not await live.node.backend.runs.kept(live.node.apps[0].id, "agent.old")
+
+    await until(history_gone, "the channel's history to expire")
+    async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
+        trace = (await http.get("/api/sessions/old/trace?execution_id=e1")).json()
+    assert trace["summary"]["status"] == "failed"
+    assert len(trace["envelopes"]) == 4
+    assert trace["trimmed"] is False
+
+
 async def test_an_idle_poll_of_the_list_is_answered_304(live: LiveServer) -> None:
     await record(live.node, "agent.s", "e1", "hi")
     async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
