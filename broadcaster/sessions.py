@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -251,7 +252,8 @@ def routes(node: Node) -> list[Route]:
         name = _filename(f"{session_id}-{execution_id}")
         if exporter is not None:
             envelopes = [entry["envelope"] for entry in stored["envelopes"]]
-            body = orjson.dumps(exporter(envelopes))
+            # Up to 2 MiB of envelopes through the OpenTelemetry SDK: not on the loop.
+            body = orjson.dumps(await run_in_threadpool(exporter, envelopes))
             name += ".otlp"
         else:
             answer = {

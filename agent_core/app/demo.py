@@ -21,7 +21,8 @@ Settings come from ``AGENT_DEMO_*`` environment variables (:class:`DemoSettings`
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import importlib.util
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,11 +264,15 @@ def install(ctx: ExtensionContext) -> None:
 def _register_otlp(ctx: ExtensionContext) -> None:
     """Serve ``GET /api/sessions/{id}/trace?format=otlp`` through the OpenTelemetry
     mapping, when its extra (``agent-broadcaster[otel]``) is installed."""
-    try:
-        from agent_core.integrations.otel import otlp_json
-    except ImportError:
+    if importlib.util.find_spec("opentelemetry.sdk") is None:
         return
-    ctx.state.setdefault(TRACE_FORMATS, {})["otlp"] = otlp_json
+    ctx.state.setdefault(TRACE_FORMATS, {})["otlp"] = _otlp
+
+
+def _otlp(envelopes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    from agent_core.integrations.otel import otlp_json  # imported on first use
+
+    return otlp_json(envelopes)
 
 
 def _error(status: int, message: str, **extra: Any) -> JSONResponse:
