@@ -320,3 +320,21 @@ async def test_a_private_demo_run_is_hidden_from_a_stranger(
         assert (await http.get("/api/sessions", params={"q": session})).json()["runs"] == []
         listed = await http.get("/api/sessions", params=signed(live, "/api/sessions", q=session))
         assert listed.json()["runs"][0]["private"] is True
+
+
+async def test_a_routed_run_is_listed_with_its_capability(start_server: StartServer) -> None:
+    live = await start_server(demo=True)
+    async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
+        body = {"input": "What is the weather in Oslo?", "mode": "route", "pace_ms": 0}
+        started = (await http.post("/run", json=body)).json()
+        path = f"/api/sessions/{started['session_id']}/runs"
+
+        async def ended() -> bool:
+            answer = await http.get(path)
+            return answer.status_code == 200 and answer.json()["runs"][0]["status"] != "running"
+
+        await until(ended, "the routed run to end")
+        [run] = (await http.get(path)).json()["runs"]
+    assert run["status"] == "completed", run
+    assert run["capability"]
+    assert run["execution_id"] == started["execution_id"]
