@@ -3,6 +3,7 @@ memory backend's budget of trace bytes."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator
 
@@ -12,6 +13,8 @@ from redis.asyncio.cluster import RedisCluster
 
 from broadcaster.backends._runs import MemoryRunIndex, RedisRunIndex
 from broadcaster.backends.redis_cluster import channel_key, cluster_client
+from broadcaster.envelope import parse_envelope
+from broadcaster.publishers import RedisPublisher, RedisStateStore
 from broadcaster.run_index import RunIndex, run_member
 from tests.support.processes import RedisServer
 from tests.support.topologies import ClusterTopology
@@ -78,3 +81,43 @@ async def test_the_memory_index_keeps_a_bounded_total_of_trace_bytes() -> None:
     await index.put_trace(APP, "agent.s", "e4", bytes(10), 60)  # replacing frees the old
     await index.put_trace(APP, "agent.s", "e5", bytes(1000), 60)
     assert await index.load_trace(APP, "agent.s", "e3") is not None
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("topology", ["redis", "redis-cluster"])
+async def test_a_workers_state_store_indexes_what_its_publisher_published(
+    topology: str, request: pytest.FixtureRequest
+) -> None:
+    """``RedisStateStore`` and ``RedisPublisher`` of a process without a node (an agent
+    worker) agree with the servers on keys: the trace holds the run's envelopes."""
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    client: Redis | RedisCluster
+    if topology == "redis":
+        client = Redis.from_url(request.getfixturevalue("redis_server").url)
+    else:
+        client = cluster_client(request.getfixturevalue("redis_cluster").url)
+    publisher = RedisPublisher(client, APP, prefix=prefix)
+    store = RedisStateStore(client, APP, prefix=prefix)
+    try:
+        await store.runs.started("agent.w", "e1", input_text="hello")
+        for kind, payload in [
+            ("agent.status", {"status": "in_progress"}),
+            ("agent.status", {"status": "completed", "step_count": 2}),
+        ]:
+            data = {"session_id": "w", "execution_id": "e1", "payload": payload}
+            await publisher.broadcast("agent.w", parse_envelope({"type": kind, **data}))
+        assert await publisher.flush(10)
+        await store.runs.ended("agent.w", "e1")
+        index = RedisRunIndex(lambda: client, prefix, lambda a, c: "")
+        summary = json.loads(await index.load_run(APP, "agent.w", "e1") or b"")
+        trace = json.loads(await index.load_trace(APP, "agent.w", "e1") or b"")
+    finally:
+        await publisher.aclose()
+        await client.aclose()
+    assert summary["status"] == "completed"
+    assert summary["steps"] == 2
+    assert summary["input_preview"] == "hello"
+    assert [e["envelope"]["payload"]["status"] for e in trace["envelopes"]] == [
+        "in_progress",
+        "completed",
+    ]
