@@ -187,6 +187,10 @@ async def _run(args: argparse.Namespace, sizes: Sizes) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     """Run the bench; 0 when every run completed, 1 when one failed."""
     argv = sys.argv[1:] if argv is None else argv
+    if "--run-index" in argv:  # the run index's list in server time (bench/run_index.py)
+        from bench import run_index
+
+        return run_index.main([a for a in argv if a != "--run-index"])
     if "--shards" in argv:  # 1 vs 3 Redis Cluster shards, our server only (bench/shards.py)
         from bench import shards
 

@@ -59,7 +59,7 @@ from broadcaster.exceptions import ApiError, ProtocolError
 from broadcaster.http_input import BodyReader, BodyRefused, excerpt, read_body
 from broadcaster.http_models import TriggerRequest
 from broadcaster.node import Node
-from broadcaster.publishers import STATE_TTL, state_key
+from broadcaster.publishers import STATE_TTL, BackendStateStore
 from broadcaster.sessions import SESSION_ID
 from broadcaster.settings import AppConfig
 from broadcaster.signing import verify_request
@@ -213,7 +213,9 @@ class _Api:
             )
         http_models.parse_state(body)
         self._admit_state(app, channel)
-        await self.node.backend.store_value(app.id, state_key(channel), body, STATE_TTL)
+        # Through the store that also indexes the run the snapshot names (its summary
+        # and trace), as a run on the server would be.
+        await BackendStateStore(self.node.backend, app.id, STATE_TTL).save(channel, body)
         return {}
 
     def _admit_state(self, app: AppConfig, channel: str) -> None:

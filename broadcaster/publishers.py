@@ -35,6 +35,7 @@ import logging
 import random
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
@@ -47,6 +48,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exp
 from broadcaster.backends.base import Backend, BackendUnavailable
 from broadcaster.envelope import Envelope
 from broadcaster.publication import Publication
+from broadcaster.run_index import RunRecorder
 from broadcaster.signing import signed_params
 
 if TYPE_CHECKING:
@@ -70,6 +72,7 @@ __all__ = [
     "RedisStateStore",
     "StateStore",
     "encode",
+    "run_recorder",
     "state_key",
 ]
 
@@ -531,20 +534,52 @@ class StateStore(Protocol):
         ...
 
 
+def run_recorder(store: object) -> RunRecorder | None:
+    """The run index recorder of a state store (None for one that keeps no index):
+    the :class:`BackendStateStore` and :class:`RedisStateStore` both record runs."""
+    runs = getattr(store, "runs", None)
+    return runs if isinstance(runs, RunRecorder) else None
+
+
+async def _index_snapshot(runs: RunRecorder, channel: str, snapshot: bytes) -> None:
+    """Record the end of the run a stored snapshot names (``metadata.execution_id``,
+    as the adapters and outside agents write it), so that storing a state is enough to
+    index its run."""
+    try:
+        data = orjson.loads(snapshot)
+        metadata = data.get("metadata") if isinstance(data, dict) else None
+        execution_id = metadata.get("execution_id") if isinstance(metadata, dict) else None
+    except orjson.JSONDecodeError:
+        return
+    if isinstance(execution_id, str) and 0 < len(execution_id) <= 128:
+        error = data.get("error_message")
+        await runs.ended(
+            channel,
+            execution_id,
+            status=str(data.get("status")),
+            error=error if isinstance(error, str) else None,
+            snapshot=data,
+        )
+
+
 class BackendStateStore:
-    """Stores snapshots through the server's backend (memory or Redis)."""
+    """Stores snapshots through the server's backend (memory or Redis), and records
+    runs in its run index (:attr:`runs`)."""
 
     def __init__(self, backend: Backend, app_id: str, ttl: float = STATE_TTL) -> None:
         self._backend = backend
         self._app_id = app_id
         self._ttl = ttl
+        self.runs = RunRecorder(backend.runs, app_id, ttl)
 
     async def save(self, channel: str, snapshot: bytes) -> None:
         await self._backend.store_value(self._app_id, state_key(channel), snapshot, self._ttl)
+        await _index_snapshot(self.runs, channel, snapshot)
 
 
 class RedisStateStore:
-    """Stores snapshots in Redis where the servers' Redis backend reads them."""
+    """Stores snapshots in Redis where the servers' Redis backend reads them, and
+    records runs in the deployment's run index (:attr:`runs`)."""
 
     def __init__(
         self,
@@ -554,12 +589,15 @@ class RedisStateStore:
         prefix: str | None = None,
         ttl: float = STATE_TTL,
     ) -> None:
+        from broadcaster.backends._runs import RedisRunIndex
         from broadcaster.backends.redis import DEFAULT_PREFIX
 
         self._client = client
         self._app_id = app_id
         self._prefix = prefix or DEFAULT_PREFIX
         self._ttl = ttl
+        index = RedisRunIndex(lambda: client, self._prefix, _stream_key(client, self._prefix))
+        self.runs = RunRecorder(index, app_id, ttl)
 
     async def save(self, channel: str, snapshot: bytes) -> None:
         from broadcaster.backends.redis import store_value_via_redis
@@ -568,3 +606,13 @@ class RedisStateStore:
         await store_value_via_redis(
             self._client, self._prefix, self._app_id, key, snapshot, self._ttl
         )
+        await _index_snapshot(self.runs, channel, snapshot)
+
+
+def _stream_key(client: Redis | RedisCluster, prefix: str) -> Callable[[str, str], str]:
+    """How the deployment names a channel's history stream (hash-tagged on a cluster)."""
+    if _is_cluster(client):
+        from broadcaster.backends.redis_cluster import channel_key
+
+        return lambda app_id, channel: channel_key(prefix, app_id, channel, "stream")
+    return lambda app_id, channel: f"{prefix}:{app_id}:stream:{channel}"

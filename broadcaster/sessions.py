@@ -20,29 +20,49 @@ events with the final state.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import math
 import re
 import secrets
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
+import orjson
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from broadcaster._text import excerpt
 from broadcaster.backends.base import BackendUnavailable
+from broadcaster.exceptions import ApiError
 from broadcaster.node import Node
 from broadcaster.publishers import state_key
+from broadcaster.run_index import (
+    MAX_QUERY,
+    RUN_INDEX_SIZE,
+    RunFilter,
+    RunIndex,
+    build_trace,
+    decode_cursor,
+    encode_cursor,
+    encode_trace,
+)
 from broadcaster.settings import AppConfig
 from broadcaster.signing import (
     SESSION_TOKEN,
     purpose_signature,
     stream_auth,
+    verify_request,
     verify_stream_auth,
 )
 
 __all__ = [
     "SESSION_ID",
+    "TRACE_FORMATS",
     "SessionClaim",
     "SessionRefused",
     "bearer_token",
@@ -59,6 +79,8 @@ __all__ = [
     "stream_auth",
     "token_grants",
 ]
+
+_N = TypeVar("_N", int, float)
 
 SESSION_ID = re.compile(r"^[A-Za-z0-9_\-=@,.;]{1,128}$")
 """Session ids are what may follow ``agent.`` in a channel name."""
@@ -222,7 +244,8 @@ async def session_channel(node: Node, app: AppConfig, request: Request, session_
 
 
 def routes(node: Node) -> list[Route]:
-    """The session state route, reading through ``node``'s backend."""
+    """The session routes (state, the run index, traces), reading through ``node``'s
+    backend."""
 
     async def state(request: Request) -> Response:
         session_id = request.path_params["session_id"]
@@ -242,7 +265,229 @@ def routes(node: Node) -> list[Route]:
             )
         return Response(snapshot, media_type="application/json")
 
-    return [Route("/api/sessions/{session_id}/state", state, methods=["GET"])]
+    async def sessions(request: Request) -> Response:
+        try:
+            app = request_app(node, request)
+            query = _list_query(app, request)
+            body = await _list(node.backend.runs, app.id, query)
+        except SessionRefused as exc:
+            return _error(exc.status, str(exc))
+        except BackendUnavailable as exc:
+            return _error(503, str(exc))
+        etag = '"' + hashlib.sha1(body, usedforsecurity=False).hexdigest()[:20] + '"'
+        headers = {"ETag": etag, "Cache-Control": "no-cache"}
+        if etag in request.headers.get("if-none-match", ""):
+            return Response(status_code=304, headers=headers)
+        return Response(body, media_type="application/json", headers=headers)
+
+    async def runs(request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        try:
+            app = request_app(node, request)
+            channel = await session_channel(node, app, request, session_id)
+            found = await node.backend.runs.session_runs(app.id, channel)
+        except SessionRefused as exc:
+            return _error(exc.status, str(exc))
+        except BackendUnavailable as exc:
+            return _error(503, str(exc))
+        if not found:
+            return _error(404, f"no runs of session {session_id!r} (unknown, or expired)")
+        body = b'{"session_id":' + orjson.dumps(session_id) + b',"runs":['
+        return Response(body + b",".join(found) + b"]}", media_type="application/json")
+
+    async def trace(request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        params = request.query_params
+        execution_id, kind = params.get("execution_id"), params.get("format", "json")
+        exporter = None
+        if kind != "json":
+            exporter = request.app.state.extensions.get(TRACE_FORMATS, {}).get(kind)
+        try:
+            if not execution_id or len(execution_id) > 128:
+                raise SessionRefused(400, "execution_id is required (1 to 128 characters)")
+            if kind not in ("json", "otlp"):
+                raise SessionRefused(400, f"format must be json or otlp, not {excerpt(kind)}")
+            if exporter is None and kind != "json":
+                raise SessionRefused(
+                    501,
+                    "format=otlp needs the OpenTelemetry mapping of agent_core: install "
+                    "agent-broadcaster[otel] and serve with --demo (format=json works here)",
+                )
+            app = request_app(node, request)
+            channel = await session_channel(node, app, request, session_id)
+            found = await _trace(node.backend.runs, app.id, channel, execution_id)
+        except SessionRefused as exc:
+            return _error(exc.status, str(exc))
+        except BackendUnavailable as exc:
+            return _error(503, str(exc))
+        if found is None:
+            return _error(404, f"no run {execution_id!r} in session {session_id!r}")
+        summary, stored = found
+        name = _filename(f"{session_id}-{execution_id}")
+        if exporter is not None:
+            envelopes = [entry["envelope"] for entry in stored["envelopes"]]
+            # Up to 2 MiB of envelopes through the OpenTelemetry SDK: not on the loop.
+            body = orjson.dumps(await run_in_threadpool(exporter, envelopes))
+            name += ".otlp"
+        else:
+            answer = {
+                "session_id": session_id,
+                "execution_id": execution_id,
+                "trimmed": stored["trimmed"],
+                "summary": summary,
+                "envelopes": stored["envelopes"],
+            }
+            body = orjson.dumps(answer)
+        headers = {"Content-Disposition": f'attachment; filename="{name}.json"'}
+        return Response(body, media_type="application/json", headers=headers)
+
+    return [
+        Route("/api/sessions", sessions, methods=["GET"]),
+        Route("/api/sessions/{session_id}/state", state, methods=["GET"]),
+        Route("/api/sessions/{session_id}/runs", runs, methods=["GET"]),
+        Route("/api/sessions/{session_id}/trace", trace, methods=["GET"]),
+    ]
+
+
+TRACE_FORMATS = "trace_formats"
+"""The key, in the extensions' shared state, of a ``{format: exporter}`` dict: an
+exporter turns a run's envelopes (dicts, in order) into a JSON-able document. The
+agent_core extension registers ``otlp`` (:mod:`agent_core.integrations.otel`)."""
+
+MAX_PAGE = 200
+DEFAULT_PAGE = 50
+SCAN_BUDGET = RUN_INDEX_SIZE
+"""The most index entries one list request reads (filters that match little)."""
+_STATUSES = ("running", "completed", "failed")
+
+
+@dataclass(frozen=True, slots=True)
+class _ListQuery:
+    limit: int
+    before: tuple[int, str] | None
+    start_min: int | None
+    start_max: int | None
+    accepts: RunFilter
+
+
+def _list_query(app: AppConfig, request: Request) -> _ListQuery:
+    """The parameters of ``GET /api/sessions``, checked.
+
+    Raises:
+        SessionRefused: 400 naming a bad parameter; 401 a bad app signature.
+    """
+    params = request.query_params
+    limit = _number(params, "limit", int, DEFAULT_PAGE)
+    if not 1 <= limit <= MAX_PAGE:
+        raise SessionRefused(400, f"limit must be 1 to {MAX_PAGE}, not {limit}")
+    before = None
+    if params.get("cursor"):
+        try:
+            before = decode_cursor(params["cursor"])
+        except ValueError as exc:
+            raise SessionRefused(400, str(exc)) from None
+    status = params.get("status") or None
+    if status is not None and status not in _STATUSES:
+        raise SessionRefused(
+            400, f"status must be one of {', '.join(_STATUSES)}, not {excerpt(status)}"
+        )
+    q = params.get("q") or None
+    if q is not None and len(q) > MAX_QUERY:
+        raise SessionRefused(400, f"q may hold at most {MAX_QUERY} characters, not {len(q)}")
+    for name in ("stop_reason", "resolved_by"):
+        if len(params.get(name) or "") > MAX_QUERY:
+            raise SessionRefused(400, f"{name} may hold at most {MAX_QUERY} characters")
+    start = _number(params, "from", float, None)
+    end = _number(params, "to", float, None)
+    if start is not None and end is not None and start > end:
+        raise SessionRefused(400, f"from ({start:g}) is after to ({end:g})")
+    signed = any(name in params for name in ("auth_key", "auth_signature"))
+    if signed:
+        try:
+            verify_request(app, "GET", request.url.path, dict(params), b"", time.time())
+        except ApiError as exc:
+            raise SessionRefused(exc.status, str(exc)) from None
+    accepts = RunFilter(
+        status=status,
+        stop_reason=params.get("stop_reason") or None,
+        resolved_by=params.get("resolved_by") or None,
+        q=q,
+        private=signed,
+    )
+    return _ListQuery(
+        limit,
+        before,
+        None if start is None else math.ceil(start * 1000),
+        None if end is None else math.floor(end * 1000),
+        accepts,
+    )
+
+
+def _number(params: Mapping[str, str], name: str, kind: type[_N], default: _N | None) -> _N:
+    text = params.get(name)
+    if text is None or text == "":
+        return default  # type: ignore[return-value]
+    try:
+        value = kind(text)
+    except ValueError:
+        raise SessionRefused(400, f"{name} must be a number, not {excerpt(text)}") from None
+    if not math.isfinite(value) or abs(value) > 1e12:
+        raise SessionRefused(400, f"{name} must be a finite number of reasonable size")
+    return value
+
+
+async def _list(index: RunIndex, app_id: str, query: _ListQuery) -> bytes:
+    """One page of the index, newest first: ``{"runs": [...], "next_cursor": ...}``."""
+    found: list[bytes] = []
+    key_of_last: tuple[int, str] | None = None
+    before, scanned, more = query.before, 0, True
+    window = query.limit + 1  # the first page of an unfiltered list: one read
+    while more and len(found) <= query.limit and scanned < SCAN_BUDGET:
+        count = min(window, SCAN_BUDGET - scanned)
+        page, next_key = await index.page(
+            app_id,
+            before=before,
+            start_min=query.start_min,
+            start_max=query.start_max,
+            count=count,
+        )
+        scanned += count
+        window = min(window * 4, 2000)  # a filter that matches little: read more at once
+        for entry in page:
+            if query.accepts.accepts(entry.summary):
+                if len(found) == query.limit:
+                    found.append(b"")  # one more: there is a next page
+                    break
+                found.append(entry.summary)
+                key_of_last = (entry.started_ms, entry.member)
+        more, before = next_key is not None, next_key
+    if len(found) > query.limit:
+        cursor: str | None = None if key_of_last is None else encode_cursor(key_of_last)
+        found = found[: query.limit]
+    elif more and before is not None:
+        cursor = encode_cursor(before)  # the scan budget ran out: go on from here
+    else:
+        cursor = None
+    return b'{"runs":[' + b",".join(found) + b'],"next_cursor":' + orjson.dumps(cursor) + b"}"
+
+
+async def _trace(
+    index: RunIndex, app_id: str, channel: str, execution_id: str
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The run's summary and trace (stored at its end; read from the channel's history
+    while it runs), or None for an unknown run."""
+    summary = await index.load_run(app_id, channel, execution_id)
+    if summary is None:
+        return None
+    stored = await index.load_trace(app_id, channel, execution_id)
+    if stored is None:
+        found = build_trace(await index.kept(app_id, channel), execution_id)
+        stored = encode_trace(found.entries, found.trimmed)
+    return orjson.loads(summary), orjson.loads(stored)
+
+
+def _filename(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.\-=@,;]", "_", name)[:200]
 
 
 def _error(status: int, message: str) -> JSONResponse:

@@ -28,8 +28,9 @@ Settings come from ``AGENT_DEMO_*`` environment variables (:class:`DemoSettings`
 
 from __future__ import annotations
 
+import importlib.util
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,7 @@ from broadcaster.node import Node
 from broadcaster.publishers import BackendStateStore, InProcessPublisher, state_key
 from broadcaster.sessions import (
     SESSION_ID,
+    TRACE_FORMATS,
     private_channel,
     public_channel,
     session_token,
@@ -275,6 +277,21 @@ def install(ctx: ExtensionContext) -> None:
     ctx.routes += agui.routes(demo)
     ctx.routes += vercel_ai.routes(demo)
     ctx.state["demo"] = demo
+    _register_otlp(ctx)
+
+
+def _register_otlp(ctx: ExtensionContext) -> None:
+    """Serve ``GET /api/sessions/{id}/trace?format=otlp`` through the OpenTelemetry
+    mapping, when its extra (``agent-broadcaster[otel]``) is installed."""
+    if importlib.util.find_spec("opentelemetry.sdk") is None:
+        return
+    ctx.state.setdefault(TRACE_FORMATS, {})["otlp"] = _otlp
+
+
+def _otlp(envelopes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    from agent_core.integrations.otel import otlp_json  # imported on first use
+
+    return otlp_json(envelopes)
 
 
 def _error(status: int, message: str, **extra: Any) -> JSONResponse:

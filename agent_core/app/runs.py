@@ -66,7 +66,7 @@ from agent_core.state import AgentState, AgentStatus
 from agent_core.tools import Tool
 from broadcaster.backends.base import Backend
 from broadcaster.envelope import channel_for
-from broadcaster.publishers import Publisher, StateStore
+from broadcaster.publishers import BufferedPublisher, Publisher, StateStore, run_recorder
 
 __all__ = [
     "MAX_WAIT_SECONDS",
@@ -437,6 +437,7 @@ class RunManager:
     max_duration_name: str = "max_duration"
     _runs: dict[str, _Run] = field(default_factory=dict)
     _client_counts: dict[str, int] = field(default_factory=dict)
+    _capabilities: dict[str, str] = field(default_factory=dict)
     _serializer: SlimAgentStateSerializer = field(
         default_factory=lambda: SlimAgentStateSerializer(snapshot_config())
     )
@@ -574,7 +575,21 @@ class RunManager:
         """Run ``request`` as ``handle`` to its end (what :meth:`start` does in the
         background; a worker calls it for runs queued by another process). Returns the
         final state (of a routed run: see :meth:`route`), or None if the run crashed
-        (logged) or reached ``max_duration``."""
+        (logged) or reached ``max_duration``. The run is recorded in the run index of
+        the state store (:mod:`broadcaster.run_index`) as it starts and once its final
+        status is published."""
+        runs = run_recorder(self.state_store)
+        if runs is None:
+            return await self._execute(handle, request)
+        await runs.started(handle.channel, handle.execution_id, input_text=request.input)
+        try:
+            return await self._execute(handle, request)
+        finally:
+            await _delivered(self.publisher)
+            capability = self._capabilities.pop(handle.execution_id, None)
+            await runs.ended(handle.channel, handle.execution_id, capability=capability)
+
+    async def _execute(self, handle: RunHandle, request: RunRequest) -> AgentState | None:
         if resolve_mode(request, self.default_mode).mode == "route":
             return await self.route(handle, request)
         options = AdapterOptions(include_continuation_trace=request.trace)
@@ -703,6 +718,9 @@ class RunManager:
     async def _store_routed(
         self, handle: RunHandle, state: RoutingState, context: SessionContext
     ) -> str | None:
+        capabilities = [r.step.capability for r in state.execution_results()]
+        if capabilities:
+            self._capabilities[handle.execution_id] = ", ".join(dict.fromkeys(capabilities))
         try:
             snapshot = _routed_snapshot(state, context)
             await self.state_store.save(handle.channel, orjson.dumps(snapshot))
@@ -844,3 +862,14 @@ async def end_abandoned(
         publisher, handle.session_id, handle.execution_id, channel=handle.channel
     )
     await adapter.fail(reason, state_url=state_url)
+    runs = run_recorder(state_store)
+    if runs is not None:
+        await _delivered(publisher)
+        await runs.ended(handle.channel, handle.execution_id, status="failed", error=reason)
+
+
+async def _delivered(publisher: Publisher, within: float = 5.0) -> None:
+    """Wait (a bounded time) until a buffered publisher has delivered what it holds, so
+    that the run's envelopes are in the channel's history when its trace is copied."""
+    if isinstance(publisher, BufferedPublisher):
+        await publisher.flush(within)

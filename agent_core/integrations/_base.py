@@ -34,7 +34,7 @@ from agent_core.events import AgentEvent, StreamChunk
 from agent_core.messages import Usage
 from agent_core.slim import OMITTED_TOOL_RESULT, SlimSerializationConfig
 from broadcaster import envelope as env
-from broadcaster.publishers import Publisher, StateStore
+from broadcaster.publishers import Publisher, StateStore, run_recorder
 
 __all__ = ["FrameworkRun", "StepRecord", "default_state_url", "snapshot_config"]
 
@@ -153,6 +153,9 @@ class FrameworkRun(EnvelopeEmitter):
         self.started_at = datetime.now(UTC)
         if prompt:
             self._messages.append({"role": "user", "content": prompt, "metadata": {}})
+        runs = run_recorder(self.state_store)
+        if runs is not None and self.execution_id:
+            await runs.started(self.channel, self.execution_id, input_text=prompt or "")
         await self._send(env.AgentStatus, env.StatusPayload(status="in_progress"))
 
     async def step_started(
@@ -395,6 +398,9 @@ class FrameworkRun(EnvelopeEmitter):
         self.finished = True
         await self.aclose()
         await self._flush_publisher()
+        runs = run_recorder(self.state_store)
+        if runs is not None and self.execution_id:  # again, the final status delivered
+            await runs.ended(self.channel, self.execution_id, status=status, error=error)
 
     async def _flush_publisher(self) -> None:
         """Wait until a buffered publisher delivered the run, final status included, so

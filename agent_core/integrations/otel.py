@@ -27,6 +27,8 @@ after the fact from a channel's history. Send it to a collector with
 
 from __future__ import annotations
 
+import base64
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Self
@@ -41,7 +43,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from broadcaster import envelope as env
 from broadcaster.publishers import Publisher, PublisherStats
 
-__all__ = ["EnvelopeTracer", "TracingPublisher", "otlp_tracer_provider"]
+__all__ = ["EnvelopeTracer", "TracingPublisher", "otlp_json", "otlp_tracer_provider"]
 
 SYSTEM = "agent_broadcaster"
 """The prefix of the attributes the GenAI conventions have no name for."""
@@ -313,3 +315,38 @@ class TracingPublisher:
     async def __aexit__(self, *exc_info: object) -> None:
         """End what the tracer has open, deliver and close the publisher."""
         await self.aclose()
+
+
+def otlp_json(
+    envelopes: Sequence[Mapping[str, Any]], service_name: str = "agent-broadcaster"
+) -> dict[str, Any]:
+    """A run's envelopes (decoded JSON, in order) as one OTLP/JSON document
+    (``{"resourceSpans": [...]}``, ids in hex as OTLP/JSON wants), through the same
+    mapping as :class:`EnvelopeTracer`: what ``GET /api/sessions/{id}/trace?format=otlp``
+    serves. Envelopes that are not valid are left out."""
+    from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = EnvelopeTracer(provider)
+    for data in envelopes:
+        try:
+            envelope = env.parse_envelope(dict(data))
+        except ValueError:
+            continue
+        tracer.feed(envelope)
+    for execution_id in list(tracer._runs):
+        tracer._close(execution_id, None, error="the run's final status is not in its trace")
+    provider.shutdown()
+    document: dict[str, Any] = MessageToDict(encode_spans(exporter.get_finished_spans()))
+    for resource in document.get("resourceSpans", ()):
+        for scope in resource.get("scopeSpans", ()):
+            for span in scope.get("spans", ()):
+                for name in ("traceId", "spanId", "parentSpanId"):
+                    if span.get(name):
+                        span[name] = base64.b64decode(span[name]).hex()
+    return document

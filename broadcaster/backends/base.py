@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from broadcaster.publication import Position, PresenceMember, Publication
+from broadcaster.run_index import RunIndex
 
 __all__ = [
     "DEFAULT_HISTORY_META_TTL",
@@ -38,6 +39,7 @@ __all__ = [
     "PresenceMember",
     "PublicationHandler",
     "PublishUnconfirmed",
+    "Runs",
     "Values",
     "check_history_options",
     "new_epoch",
@@ -381,5 +383,14 @@ class Control(Protocol):
         ...
 
 
-class Backend(Broker, Presence, Values, Connections, Control, Protocol):
-    """Everything a node needs from its backend: the union of the five parts."""
+class Runs(Protocol):
+    """The run index (:mod:`broadcaster.run_index`), shared by every node."""
+
+    @property
+    def runs(self) -> RunIndex:
+        """Where runs, their summaries and traces are kept."""
+        ...
+
+
+class Backend(Broker, Presence, Values, Connections, Control, Runs, Protocol):
+    """Everything a node needs from its backend: the union of the six parts."""

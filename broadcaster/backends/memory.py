@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
+from broadcaster.backends._runs import MemoryRunIndex
 from broadcaster.backends.base import (
     DEFAULT_HISTORY_META_TTL,
     DEFAULT_HISTORY_SIZE,
@@ -113,6 +114,7 @@ class MemoryBackend:
         self._values: dict[_Key, tuple[bytes, float]] = {}
         self._connections: dict[str, int] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        self._runs = MemoryRunIndex(self._kept, clock)
 
     @property
     def node_id(self) -> str:
@@ -341,8 +343,18 @@ class MemoryBackend:
         presence.users.pop(user_id, None)
         return True
 
+    @property
+    def runs(self) -> MemoryRunIndex:
+        """The run index of this process (:mod:`broadcaster.run_index`)."""
+        return self._runs
+
+    def _kept(self, app_id: str, channel: str) -> list[Publication]:
+        stream = self._live_stream((app_id, channel))
+        return [] if stream is None else list(stream.entries)
+
     def _sweep(self) -> None:
-        """Free expired histories and forgotten channels."""
+        """Free expired histories, forgotten channels and expired runs."""
+        self._runs.sweep()
         now = self._clock()
         for key, stream in list(self._streams.items()):
             if stream.meta_expires_at <= now:

@@ -77,6 +77,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from broadcaster.backends import _lua
+from broadcaster.backends._runs import RedisRunIndex
 from broadcaster.backends.base import (
     DEFAULT_HISTORY_META_TTL,
     DEFAULT_HISTORY_SIZE,
@@ -786,6 +787,9 @@ class RedisBackend:
             retry=Retry(NoBackoff(), 0),
         )
         self._client = Redis(connection_pool=pool)
+        self._runs = RedisRunIndex(
+            lambda: self._client, prefix, lambda a, c: self._key(a, "stream", c)
+        )
         # Its own connection, so that a PING measures Redis, not a busy pool.
         self._prober = Redis.from_url(
             url,
@@ -1222,6 +1226,11 @@ class RedisBackend:
             await self._client.publish(self._control_channel(app_id), payload)
         except _ERRORS as exc:
             raise self._failed("send a control message", exc) from exc
+
+    @property
+    def runs(self) -> RedisRunIndex:
+        """The deployment's run index (:mod:`broadcaster.backends._runs`)."""
+        return self._runs
 
     # -- history --------------------------------------------------------------------------
 

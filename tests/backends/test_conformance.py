@@ -4,12 +4,14 @@ backend through the ``backend_factory`` fixture."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
 from broadcaster.backends import BackendUnavailable, PresenceMember
-from broadcaster.backends.base import PresenceFull
+from broadcaster.backends.base import Backend, PresenceFull
 from broadcaster.publication import Position, Publication
+from broadcaster.run_index import RunRecorder, RunSummary
 from tests.backends.conftest import BackendFactory
 from tests.backends.helpers import APP, OTHER_APP, Node, eventually, eventually_async
 
@@ -631,3 +633,171 @@ async def test_claim_value_rejects_a_non_positive_ttl(backend_factory: BackendFa
     node = await backend_factory.node()
     with pytest.raises(ValueError, match="ttl must be a positive"):
         await node.backend.claim_value(APP, "k", "a", ttl=0)
+
+
+# -- the run index (broadcaster.run_index) ------------------------------------------------
+
+
+def envelope(kind: str, execution_id: str, payload: dict[str, object], ms: int = 0) -> str:
+    return json.dumps(
+        {
+            "type": kind,
+            "session_id": "s1",
+            "execution_id": execution_id,
+            "timestamp": f"2026-01-16T10:05:00.{ms:03d}Z",
+            "payload": payload,
+        }
+    )
+
+
+async def a_run(
+    backend: Backend, channel: str, execution_id: str, *, chunks: int = 0, tools: int = 1
+) -> None:
+    """Publish one complete run's envelopes on ``channel``."""
+    kinds: list[tuple[str, dict[str, object]]] = [
+        ("agent.status", {"status": "in_progress"}),
+        ("agent.step.started", {"step_number": 1}),
+    ]
+    kinds += [("agent.stream.chunk", {"chunk": "x" * 200, "chunk_index": i}) for i in range(chunks)]
+    kinds += [
+        ("agent.tool.started", {"tool_name": "t", "tool_call_id": f"c{i}"}) for i in range(tools)
+    ]
+    continuation = {"should_continue": False, "stop_reason": "done", "resolved_by": "Done"}
+    kinds += [
+        (
+            "agent.step.completed",
+            {
+                "step_number": 1,
+                "has_tool_calls": True,
+                "duration_ms": 5,
+                "continuation": continuation,
+            },
+        ),
+        (
+            "agent.status",
+            {
+                "status": "completed",
+                "step_count": 1,
+                "stop_reason": "done",
+                "usage": {"prompt": 3, "completion": 4, "total": 7},
+            },
+        ),
+    ]
+    for i, (kind, payload) in enumerate(kinds):
+        await backend.publish(
+            Publication(APP, channel, kind, envelope(kind, execution_id, payload, i))
+        )
+
+
+async def test_a_run_is_indexed_as_running_then_with_its_summary_and_trace(
+    backend_factory: BackendFactory,
+) -> None:
+    writer, reader = await two_nodes(backend_factory)
+    runs = RunRecorder(writer.backend.runs, APP, ttl=60)
+    await runs.started("agent.s1", "e1", input_text="what is " + "long " * 100)
+
+    page, more = await reader.backend.runs.page(
+        APP, before=None, start_min=None, start_max=None, count=10
+    )
+    assert more is None
+    running = RunSummary.from_json(page[0].summary)
+    assert (running.session_id, running.execution_id, running.status) == ("s1", "e1", "running")
+    assert len(running.input_preview) == 200
+    assert running.ended_at is None
+
+    await a_run(writer.backend, "agent.s1", "e1")
+    await runs.ended("agent.s1", "e1")
+
+    [stored] = await reader.backend.runs.session_runs(APP, "agent.s1")
+    done = RunSummary.from_json(stored)
+    assert done.status == "completed"
+    assert done.stop_reason == "done"
+    assert done.resolved_by == "Done"
+    assert done.steps == 1
+    assert done.tool_calls == 1
+    assert done.tokens == {"input": 3, "output": 4, "total": 7}
+    assert done.started_at == running.started_at
+    assert done.ended_at is not None
+    latest = await reader.backend.latest(APP, "agent.s1")
+    assert latest is not None
+    assert done.first_position == str(Position(1, latest.epoch))
+    assert done.last_position == str(latest)
+    trace = json.loads(await reader.backend.runs.load_trace(APP, "agent.s1", "e1") or b"")
+    assert trace["trimmed"] is False
+    assert [e["envelope"]["type"] for e in trace["envelopes"]][-1] == "agent.status"
+    assert trace["envelopes"][0]["position"] == done.first_position
+
+
+async def test_index_pages_run_newest_first_with_a_cursor_and_a_start_range(
+    backend_factory: BackendFactory,
+) -> None:
+    writer, reader = await two_nodes(backend_factory)
+    runs = RunRecorder(writer.backend.runs, APP, ttl=60)
+    for i in range(7):
+        channel = "private-agent.p" if i == 3 else f"agent.s{i % 2}"
+        await runs.started(channel, f"e{i}", started_at=1000.0 + i)
+    await runs.started("agent.same", "z", started_at=1003.0)  # a tie with e3
+
+    seen: list[str] = []
+    before = None
+    for _ in range(10):
+        page, before = await reader.backend.runs.page(
+            APP, before=before, start_min=None, start_max=None, count=3
+        )
+        seen += [RunSummary.from_json(run.summary).execution_id for run in page]
+        if before is None:
+            break
+    assert seen == ["e6", "e5", "e4", "e3", "z", "e2", "e1", "e0"]  # e3's channel sorts last
+
+    page, _ = await reader.backend.runs.page(
+        APP, before=None, start_min=1_001_000, start_max=1_002_000, count=10
+    )
+    assert [RunSummary.from_json(r.summary).execution_id for r in page] == ["e2", "e1"]
+    private = RunSummary.from_json(
+        (await reader.backend.runs.session_runs(APP, "private-agent.p"))[0]
+    )
+    assert private.private
+    assert private.session_id == "p"
+    sessions = await reader.backend.runs.session_runs(APP, "agent.s0")
+    assert [RunSummary.from_json(s).execution_id for s in sessions] == ["e0", "e2", "e4", "e6"]
+    other, _ = await reader.backend.runs.page(
+        OTHER_APP, before=None, start_min=None, start_max=None, count=10
+    )
+    assert other == []
+
+
+async def test_a_trace_outlives_the_channel_history(backend_factory: BackendFactory) -> None:
+    node = await backend_factory.node(history_ttl=0.3)
+    runs = RunRecorder(node.backend.runs, APP, ttl=60)
+    await runs.started("agent.s1", "e1")
+    await a_run(node.backend, "agent.s1", "e1")
+    await runs.ended("agent.s1", "e1")
+
+    async def history_gone() -> bool:
+        return not await node.backend.runs.kept(APP, "agent.s1")
+
+    await eventually_async(history_gone, "the channel's history to expire")
+    trace = json.loads(await node.backend.runs.load_trace(APP, "agent.s1", "e1") or b"")
+    assert len(trace["envelopes"]) == 5
+    assert trace["trimmed"] is False
+    await runs.ended("agent.s1", "e1")  # ended again without history: the trace stays
+    again = json.loads(await node.backend.runs.load_trace(APP, "agent.s1", "e1") or b"")
+    assert again == trace
+
+
+async def test_a_trace_over_its_bound_drops_stream_chunks_first_and_says_trimmed(
+    backend_factory: BackendFactory,
+) -> None:
+    node = await backend_factory.node()
+    runs = RunRecorder(node.backend.runs, APP, ttl=60, trace_bytes=2000)
+    await runs.started("agent.s1", "e1")
+    await a_run(node.backend, "agent.s1", "e1", chunks=20)
+    await runs.ended("agent.s1", "e1")
+
+    trace = json.loads(await node.backend.runs.load_trace(APP, "agent.s1", "e1") or b"")
+    kinds = [e["envelope"]["type"] for e in trace["envelopes"]]
+    assert trace["trimmed"] is True
+    assert kinds[:2] == ["agent.status", "agent.step.started"]
+    assert kinds[-1] == "agent.status"
+    assert 0 < kinds.count("agent.stream.chunk") < 20
+    assert sum(len(json.dumps(e["envelope"])) for e in trace["envelopes"]) <= 2000 * 1.1

@@ -169,3 +169,13 @@ def test_smallest_shards_run_delivers_every_publication_through_3_shards() -> No
     assert step["lost"] == 0
     assert step["delivered"] == 2 * step["published"] == 600
     assert result["capacity"] is not None
+
+
+async def test_the_run_index_bench_lists_what_it_indexed() -> None:
+    """``scripts/bench --run-index`` at its smallest: every page it times is full."""
+    from bench.run_index import measure
+
+    result = await measure("memory://", runs=300, requests=3)
+    assert result["first_page_runs"] == 50
+    assert result["failed_first_page_runs"] == 30  # one run in ten failed
+    assert result["q_first_page_runs"] == 3  # one in a hundred

@@ -216,6 +216,12 @@ async def test_a_run_reaches_a_real_servers_channel_and_its_state_endpoint(
     assert final["state_url"] == f"/api/sessions/{session}/state"
     async with httpx.AsyncClient(base_url=live.url) as http:
         state = (await http.get(final["state_url"])).json()
+        [run] = (await http.get(f"/api/sessions/{session}/runs")).json()["runs"]
+    # The adapter indexed its run where it stored the state (the run index).
+    assert (run["execution_id"], run["status"]) == ("x-live", "completed")
+    assert run["input_preview"] == QUESTION[:200]
+    assert run["tool_calls"] >= 1
+    assert run["ended_at"] >= run["started_at"]
     assert (state["status"], state["step_count"]) == ("completed", final["step_count"])
     assert state["metadata"] == {"framework": framework, "execution_id": "x-live"}
     assert state["messages"][0] == {"role": "user", "content": QUESTION, "metadata": {}}

@@ -160,6 +160,34 @@ async def test_an_outside_run_is_stored_by_its_publisher_alone(
     assert CALL_IDS[framework] in [c["id"] for s in state["steps"] for c in s["tool_calls"]]
 
 
+async def test_an_outside_run_over_http_is_listed_with_what_its_state_says(
+    server: LiveServer, clients: Callable[..., Awaitable[Client]]
+) -> None:
+    """The state arrives before the run's final status: the run index takes the stop
+    reason, deciding criterion, steps and tokens from it, as the final status says."""
+    session = "listed-outside"
+    watcher = await clients(server.app_url())
+    await watcher.subscribe(channel_for(session))
+    async with PusherHTTPPublisher(server.url, APP_ID, KEY, SECRET) as publisher:
+        await RUNS["pydantic-ai"](publisher, session)
+    final = (await envelopes_on(watcher))[-1]["payload"]
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        listed = (await http.get("/api/sessions", params={"q": session})).json()["runs"]
+    [run] = listed
+    usage = final["usage"]
+    assert (run["session_id"], run["status"], run["stop_reason"]) == (
+        session,
+        "completed",
+        "completed",
+    )
+    assert (run["resolved_by"], run["steps"]) == ("pydantic-ai", final["step_count"])
+    assert run["tokens"] == {
+        "input": usage["prompt"],
+        "output": usage["completion"],
+        "total": usage["total"],
+    }
+
+
 async def test_the_in_process_publisher_stores_the_state_on_its_node(
     start_server: StartServer,
 ) -> None:

@@ -162,7 +162,8 @@ async def test_a_completed_queued_run_leaves_no_bookkeeping_in_redis(
     worker: WorkerProcess,
     clients: Connect,
 ) -> None:
-    """Only the final state and the channel's history (both expiring) stay behind."""
+    """Only the final state, the channel's history and the run's index entry and trace
+    (all expiring) stay behind."""
     common = ("--backend", redis_server.url, "--redis-prefix", PREFIX)
     web = server_factory("--demo", *common, env={"AGENT_DEMO_RUN_MODE": "queue"})
     client = await clients(f"{web.ws_url}/app/agent-key?protocol=7")
@@ -174,11 +175,24 @@ async def test_a_completed_queued_run_leaves_no_bookkeeping_in_redis(
 
         async def bookkeeping() -> list[str]:
             names = [k.decode() async for k in redis.scan_iter(f"{PREFIX}:*")]
+            index = (":run-index", ":run-summary:", ":run-session:", ":trace:")
+            names = [n for n in names if not any(part in n for part in index)]
             return [n for n in names if ":run" in n or ":claim:" in n or ":client-runs:" in n]
 
         await eventually(lambda: _empty(bookkeeping), "the worker to finish the run")
     finally:
         await redis.aclose()
+    # The worker indexed the run (RedisStateStore) where the web node lists it.
+    async with httpx.AsyncClient(base_url=web.url, timeout=10) as http:
+        listed = (await http.get("/api/sessions", params={"q": run["session_id"]})).json()
+        trace = await http.get(
+            f"/api/sessions/{run['session_id']}/trace",
+            params={"execution_id": run["execution_id"]},
+        )
+    [summary] = listed["runs"]
+    assert summary["status"] == "completed"
+    assert summary["execution_id"] == run["execution_id"]
+    assert trace.json()["envelopes"][-1]["envelope"]["payload"]["status"] == "completed"
 
 
 async def _empty(keys: Callable[[], Awaitable[list[str]]]) -> bool:

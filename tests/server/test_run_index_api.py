@@ -1,0 +1,342 @@
+"""``GET /api/sessions``, ``/api/sessions/{id}/runs`` and ``/api/sessions/{id}/trace``
+on real servers (memory, Redis, Redis Cluster), read as the dashboard and as a stranger
+would read them."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from broadcaster.node import Node
+from broadcaster.publication import Publication
+from broadcaster.publishers import BackendStateStore
+from broadcaster.sessions import claim_session
+from broadcaster.signing import signed_params
+from tests.support.live import LiveServer, StartServer
+
+CLOCK = itertools.count(time.time())
+"""Start times a second apart: the list's order is the runs' start order."""
+
+BACKENDS = [
+    "memory",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("redis-cluster", marks=pytest.mark.redis),
+]
+
+
+async def server_on(
+    kind: str, start_server: StartServer, request: pytest.FixtureRequest
+) -> LiveServer:
+    if kind == "memory":
+        return await start_server()
+    topology = request.getfixturevalue("redis_server" if kind == "redis" else "redis_cluster")
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    return await start_server(backend=topology.url, redis_prefix=prefix)
+
+
+async def record(node: Node, channel: str, execution_id: str, text: str, **end: Any) -> None:
+    """One run on ``channel``: started, its envelopes published, ended."""
+    app = node.apps[0]
+    runs = BackendStateStore(node.backend, app.id).runs
+    await runs.started(channel, execution_id, input_text=text, started_at=next(CLOCK))
+    status = end.get("status", "completed")
+    session = channel.rpartition(".")[2]
+    payloads: list[tuple[str, dict[str, Any]]] = [
+        ("agent.status", {"status": "in_progress"}),
+        ("agent.step.started", {"step_number": 1}),
+        (
+            "agent.step.completed",
+            {
+                "step_number": 1,
+                "has_tool_calls": False,
+                "duration_ms": 3,
+                "continuation": {
+                    "should_continue": False,
+                    "stop_reason": end.get("stop_reason", "done"),
+                    "resolved_by": end.get("resolved_by", "Done"),
+                },
+            },
+        ),
+        (
+            "agent.status",
+            {
+                "status": status,
+                "step_count": 1,
+                "stop_reason": end.get("stop_reason", "done"),
+                "error_message": "it broke" if status == "failed" else None,
+                "usage": {"prompt": 1, "completion": 2, "total": 3},
+            },
+        ),
+    ]
+    for kind, payload in payloads:
+        data = {
+            "type": kind,
+            "session_id": session,
+            "execution_id": execution_id,
+            "timestamp": "2026-01-16T10:05:00.000Z",
+            "payload": payload,
+        }
+        await node.backend.publish(Publication(app.id, channel, kind, json.dumps(data)))
+    await runs.ended(channel, execution_id)
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str, within: float = 20) -> None:
+    """Poll ``check`` (an HTTP read) until it holds."""
+    deadline = time.monotonic() + within
+    while not await check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def _is(value: Awaitable[str | None], expected: str) -> bool:
+    return await value == expected
+
+
+def signed(live: LiveServer, path: str, **query: str) -> dict[str, str]:
+    app = live.node.apps[0]
+    return signed_params(app.key, app.secret, "GET", path, extra=query)
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_the_list_filters_pages_and_leaves_private_sessions_out(
+    kind: str, start_server: StartServer, request: pytest.FixtureRequest
+) -> None:
+    live = await server_on(kind, start_server, request)
+    node = live.node
+    await record(node, "agent.alpha", "a1", "Find the weather in Paris")
+    await record(node, "agent.beta", "b1", "book a flight", status="failed", stop_reason="error")
+    await record(node, "agent.alpha", "a2", "and in London?", resolved_by="MaxSteps")
+    await record(node, "private-agent.secret", "s1", "my password is hunter2")
+    gamma = BackendStateStore(node.backend, node.apps[0].id).runs
+    await gamma.started("agent.gamma", "g1", started_at=next(CLOCK))
+
+    async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
+        everything = (await http.get("/api/sessions")).json()
+        ids = [run["execution_id"] for run in everything["runs"]]
+        assert ids == ["g1", "a2", "b1", "a1"]  # newest first, the private run left out
+        assert everything["next_cursor"] is None
+        assert everything["runs"][0]["status"] == "running"
+        failed = everything["runs"][2]
+        assert failed["status"] == "failed"
+        assert failed["error"] == "it broke"
+        assert failed["tokens"] == {"input": 1, "output": 2, "total": 3}
+
+        async def ids_of(**query: str) -> list[str]:
+            answer = await http.get("/api/sessions", params=query)
+            assert answer.status_code == 200, answer.text
+            return [run["execution_id"] for run in answer.json()["runs"]]
+
+        assert await ids_of(status="failed") == ["b1"]
+        assert await ids_of(stop_reason="done", status="completed") == ["a2", "a1"]
+        assert await ids_of(resolved_by="MaxSteps") == ["a2"]
+        assert await ids_of(q="PARIS") == ["a1"]
+        assert await ids_of(q="alpha") == ["a2", "a1"]  # the session id matches too
+        assert await ids_of(q="hunter2") == []
+        assert await ids_of(**{"from": "0", "to": "1"}) == []
+
+        first = (await http.get("/api/sessions", params={"limit": 2})).json()
+        assert [run["execution_id"] for run in first["runs"]] == ["g1", "a2"]
+        rest = await http.get("/api/sessions", params={"limit": 2, "cursor": first["next_cursor"]})
+        assert [run["execution_id"] for run in rest.json()["runs"]] == ["b1", "a1"]
+
+        as_app = await http.get("/api/sessions", params=signed(live, "/api/sessions", q="hunter2"))
+        assert as_app.status_code == 200, as_app.text
+        [secret] = as_app.json()["runs"]
+        assert secret["private"] is True
+        assert secret["session_id"] == "secret"
+        forged = {**signed(live, "/api/sessions"), "auth_signature": "0" * 64}
+        assert (await http.get("/api/sessions", params=forged)).status_code == 401
+
+        runs = (await http.get("/api/sessions/alpha/runs")).json()
+        assert [run["execution_id"] for run in runs["runs"]] == ["a1", "a2"]  # oldest first
+        assert runs["runs"][0]["first_position"] is not None
+        assert (await http.get("/api/sessions/nobody/runs")).status_code == 404
+
+        trace = await http.get("/api/sessions/beta/trace", params={"execution_id": "b1"})
+        assert trace.status_code == 200, trace.text
+        assert trace.headers["content-disposition"] == 'attachment; filename="beta-b1.json"'
+        body = trace.json()
+        assert body["summary"]["status"] == "failed"
+        assert body["trimmed"] is False
+        assert [e["envelope"]["type"] for e in body["envelopes"]] == [
+            "agent.status",
+            "agent.step.started",
+            "agent.step.completed",
+            "agent.status",
+        ]
+        running = await http.get("/api/sessions/gamma/trace", params={"execution_id": "g1"})
+        assert running.json()["envelopes"] == []  # nothing published yet, read live
+
+
+async def test_a_stranger_cannot_read_or_list_a_private_session(live: LiveServer) -> None:
+    app = live.node.apps[0]
+    claim = await claim_session(live.node, app, None, "secret", 60)
+    assert claim is not None
+    token = claim.token(app)
+    await record(live.node, "private-agent.secret", "s1", "my password is hunter2")
+    async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
+        assert (await http.get("/api/sessions")).json()["runs"] == []
+        for path in ("/api/sessions/secret/runs", "/api/sessions/secret/trace?execution_id=s1"):
+            refused = await http.get(path)
+            assert refused.status_code == 403, refused.text
+            assert "private" in refused.json()["error"]
+            wrong = await http.get(path, headers={"Authorization": "Bearer " + "0" * 64})
+            assert wrong.status_code == 403
+            allowed = await http.get(path, headers={"Authorization": f"Bearer {token}"})
+            assert allowed.status_code == 200, allowed.text
+        trace = await http.get(f"/api/sessions/secret/trace?execution_id=s1&token={token}")
+        assert trace.json()["summary"]["private"] is True
+
+
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        ("limit=0", "limit"),
+        ("limit=201", "limit"),
+        ("limit=ten", "limit"),
+        ("status=done", "status"),
+        ("cursor=not-a-cursor", "cursor"),
+        ("q=" + "x" * 201, "q"),
+        ("from=nan", "from"),
+        ("from=yesterday", "from"),
+        ("from=10&to=5", "from"),
+        ("stop_reason=" + "x" * 201, "stop_reason"),
+    ],
+)
+async def test_bad_list_parameters_get_400_naming_them(
+    live: LiveServer, query: str, named: str
+) -> None:
+    async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
+        answer = await http.get(f"/api/sessions?{query}")
+    assert answer.status_code == 400, answer.text
+    assert named in answer.json()["error"]
+
+
+async def test_bad_trace_parameters_and_unknown_runs(live: LiveServer) -> None:
+    await record(live.node, "agent.s", "e1", "hi")
+    async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
+        missing = await http.get("/api/sessions/s/trace")
+        assert missing.status_code == 400
+        assert "execution_id" in missing.json()["error"]
+        bad_format = await http.get("/api/sessions/s/trace?execution_id=e1&format=xml")
+        assert bad_format.status_code == 400
+        assert "format" in bad_format.json()["error"]
+        unknown = await http.get("/api/sessions/s/trace?execution_id=e2")
+        assert unknown.status_code == 404
+        otlp = await http.get("/api/sessions/s/trace?execution_id=e1&format=otlp")
+        assert otlp.status_code == 501  # no agent_core extension on this server
+        assert "--demo" in otlp.json()["error"]
+
+
+async def test_a_run_is_opened_after_its_channel_history_expired(
+    start_server: StartServer,
+) -> None:
+    live = await start_server(history_ttl=1)
+    await record(live.node, "agent.old", "e1", "yesterday's failed run", status="failed")
+
+    async def history_gone() -> bool:
+        return not await live.node.backend.runs.kept(live.node.apps[0].id, "agent.old")
+
+    await until(history_gone, "the channel's history to expire")
+    async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
+        trace = (await http.get("/api/sessions/old/trace?execution_id=e1")).json()
+    assert trace["summary"]["status"] == "failed"
+    assert len(trace["envelopes"]) == 4
+    assert trace["trimmed"] is False
+
+
+async def test_an_idle_poll_of_the_list_is_answered_304(live: LiveServer) -> None:
+    await record(live.node, "agent.s", "e1", "hi")
+    async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
+        first = await http.get("/api/sessions")
+        etag = first.headers["etag"]
+        again = await http.get("/api/sessions", headers={"If-None-Match": etag})
+        assert again.status_code == 304
+        await record(live.node, "agent.s", "e2", "again")
+        changed = await http.get("/api/sessions", headers={"If-None-Match": etag})
+        assert changed.status_code == 200
+        assert changed.headers["etag"] != etag
+
+
+async def test_a_run_through_post_run_is_listed_running_then_completed_with_its_trace(
+    start_server: StartServer,
+) -> None:
+    live = await start_server(demo=True)
+    async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
+        started = await http.post("/run", json={"input": "what is the weather", "pace_ms": 150})
+        assert started.status_code == 202, started.text
+        session, execution = started.json()["session_id"], started.json()["execution_id"]
+        seen: list[str] = []
+
+        async def status() -> str | None:
+            runs = (await http.get("/api/sessions", params={"q": session})).json()["runs"]
+            found = [run["status"] for run in runs if run["execution_id"] == execution]
+            if found and (not seen or seen[-1] != found[0]):
+                seen.append(found[0])
+            return found[0] if found else None
+
+        await until(lambda: _is(status(), "completed"), "the run to complete")
+        assert seen[0] == "running"
+        assert seen[-1] == "completed"
+
+        [run] = (await http.get(f"/api/sessions/{session}/runs")).json()["runs"]
+        assert run["input_preview"] == "what is the weather"
+        assert run["steps"] >= 1
+        assert run["ended_at"] >= run["started_at"]
+        trace = (await http.get(f"/api/sessions/{session}/trace?execution_id={execution}")).json()
+        assert trace["envelopes"][-1]["envelope"]["type"] == "agent.status"
+        assert trace["envelopes"][-1]["envelope"]["payload"]["status"] == "completed"
+        otlp = await http.get(f"/api/sessions/{session}/trace?execution_id={execution}&format=otlp")
+        assert otlp.status_code == 200, otlp.text
+        assert otlp.headers["content-disposition"].endswith('.otlp.json"')
+        spans = otlp.json()["resourceSpans"][0]["scopeSpans"][0]["spans"]
+        assert any(span["name"].startswith("invoke_agent") for span in spans)
+        assert all(len(span["traceId"]) == 32 for span in spans)
+
+
+async def test_a_private_demo_run_is_hidden_from_a_stranger(
+    start_server: StartServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENT_DEMO_PRIVATE_SESSIONS", "true")
+    live = await start_server(demo=True)
+    async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
+        started = (await http.post("/run", json={"input": "secret plans", "pace_ms": 0})).json()
+        session, token = started["session_id"], started["auth"]["token"]
+        path = f"/api/sessions/{session}/runs"
+        mine = {"Authorization": f"Bearer {token}"}
+
+        async def ended() -> bool:
+            answer = await http.get(path, headers=mine)
+            return answer.status_code == 200 and answer.json()["runs"][0]["status"] != "running"
+
+        await until(ended, "the private run to end")
+        assert (await http.get(path)).status_code == 403
+        assert (await http.get("/api/sessions", params={"q": session})).json()["runs"] == []
+        listed = await http.get("/api/sessions", params=signed(live, "/api/sessions", q=session))
+        assert listed.json()["runs"][0]["private"] is True
+
+
+async def test_a_routed_run_is_listed_with_its_capability(start_server: StartServer) -> None:
+    live = await start_server(demo=True)
+    async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
+        body = {"input": "What is the weather in Oslo?", "mode": "route", "pace_ms": 0}
+        started = (await http.post("/run", json=body)).json()
+        path = f"/api/sessions/{started['session_id']}/runs"
+
+        async def ended() -> bool:
+            answer = await http.get(path)
+            return answer.status_code == 200 and answer.json()["runs"][0]["status"] != "running"
+
+        await until(ended, "the routed run to end")
+        [run] = (await http.get(path)).json()["runs"]
+    assert run["status"] == "completed", run
+    assert run["capability"]
+    assert run["execution_id"] == started["execution_id"]
