@@ -7,7 +7,7 @@
 // the time axis (start offsets from envelope timestamps), the continuation verdict's
 // explanation and the alignment of two runs.
 
-import { STAGES, createRunView, reduceRun } from "../vendor/agent-broadcaster-client/run.js";
+import { STAGES, createRunView, reduceRunAll } from "../vendor/agent-broadcaster-client/run.js";
 
 function time(timestamp) {
   const value = timestamp ? Date.parse(timestamp) : Number.NaN;
@@ -28,22 +28,20 @@ export function splitRuns(records, sessionId = null) {
     const id = record.envelope?.execution_id || current?.executionId || null;
     let run = byId.get(id);
     if (!run) {
-      run = { executionId: id, records: [], view: createRunView(sessionId ?? record.envelope?.session_id ?? null) };
+      run = { executionId: id, records: [], view: null };
       byId.set(id, run);
       runs.push(run);
     }
     run.records.push(record);
-    run.view = reduceRun(run.view, record.envelope, record.position ?? null);
     current = run;
   }
+  for (const run of runs) run.view = foldRun(run.records, sessionId ?? run.records[0]?.envelope?.session_id ?? null);
   return runs;
 }
 
-/** One run's RunView from its records (the kit's reducer, in order). */
+/** One run's RunView from its records, in order (the kit's reducer, one copy). */
 export function foldRun(records, sessionId = null) {
-  let view = createRunView(sessionId);
-  for (const record of records) view = reduceRun(view, record.envelope, record.position ?? null);
-  return view;
+  return reduceRunAll(createRunView(sessionId), records);
 }
 
 /** Totals of one RunView: steps completed, tool calls, tokens, duration in ms. */
