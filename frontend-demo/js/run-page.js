@@ -1,11 +1,13 @@
-// The run page (/demo/run.html?session=<id>[&execution=<id>][&compare=<id>][#token=<t>]):
-// the runs of one session apart (GET /api/sessions/{id}/runs), and for the chosen run
-// its envelopes (GET /api/sessions/{id}/trace?execution_id=…) as a waterfall, the
-// continuation decisions explained, a raw envelope inspector, a comparison with another
-// run, and export links. Every view is computed from the envelopes (js/trace.js, the
-// client kit's reducer); model and tool text is only ever set as textContent.
+// The run page (/demo/run.html?session=<id>[&execution=<id>][&compare=<id>][&source=live]
+// [#token=<t>]): the runs of one session apart (GET /api/sessions/{id}/runs), and for the
+// chosen run its envelopes (GET /api/sessions/{id}/trace?execution_id=…) as a waterfall,
+// the continuation decisions explained, a raw envelope inspector, a comparison with
+// another run, and export links. Every view is computed from the envelopes (js/trace.js,
+// the client kit's reducer), so when the server keeps no index of the session (404, or
+// `source=live`) the page follows the session's channel instead (its history, then live)
+// and splits the runs by execution id itself. Model and tool text is only textContent.
 
-import { alignRuns, COMPARED, describe, explainContinuation, foldRun, runTotals, stepOfEnvelope, waterfall } from "./trace.js";
+import { alignRuns, COMPARED, describe, explainContinuation, foldRun, runTotals, splitRuns, stepOfEnvelope, summaryOf, waterfall } from "./trace.js";
 import { formatDuration, formatNumber, formatTime, setText, element } from "./format.js";
 
 const $ = (id) => document.getElementById(id);
@@ -18,7 +20,10 @@ const page = {
   token: hash.get("token") || null, // a private session's token (kept out of the query string)
   runs: [], // [{executionId, summary, records, view, trimmed, loading}]
   selected: null,
+  pinned: Boolean(params.get("execution")), // false: follow the latest run as runs start
   compare: params.get("compare") || null,
+  source: "index", // or "channel": the envelopes followed live, no index on the server
+  live: null, // {records, pending, feed} while following the channel
   inspector: { page: 0, type: "", step: "", tool: "" },
   timings: {},
 };
@@ -27,6 +32,7 @@ const page = {
 window.runPage = {
   get runs() { return page.runs.map((run) => ({ executionId: run.executionId, loaded: Boolean(run.records), envelopes: run.records?.length ?? 0 })); },
   get selected() { return page.selected; },
+  get source() { return page.source; },
   get timings() { return { ...page.timings }; },
 };
 
@@ -37,7 +43,9 @@ function api(path) {
     const body = await response.json().catch(() => null);
     if (!response.ok) {
       const reason = body?.error || `HTTP ${response.status}`;
-      throw new Error(`${reason} (GET ${path.split("?")[0]} answered ${response.status})`);
+      const error = new Error(`${reason} (GET ${path.split("?")[0]} answered ${response.status})`);
+      error.status = response.status;
+      throw error;
     }
     return body;
   });
@@ -96,13 +104,14 @@ function runNamed(executionId) {
   return page.runs.find((run) => run.executionId === executionId) ?? null;
 }
 
-async function select(executionId) {
+async function select(executionId, chosen = false) {
   const run = runNamed(executionId);
   if (!run) {
     problem(`No run ${executionId} in session ${page.sessionId}.`);
     return;
   }
   page.selected = executionId;
+  if (chosen) page.pinned = true;
   page.inspector = { page: 0, type: "", step: "", tool: "" };
   updateUrl();
   renderRunList();
@@ -151,7 +160,7 @@ function renderRunList() {
       element("span", "run-item-totals", `${s.steps} steps · ${s.tool_calls} tool calls · ${formatNumber(s.tokens?.total)} tokens · ${formatDuration(duration)}`),
     );
     if (s.stop_reason) button.append(element("span", "muted", `stop: ${s.stop_reason}${s.resolved_by ? ` by ${s.resolved_by}` : ""}`));
-    button.addEventListener("click", () => select(run.executionId));
+    button.addEventListener("click", () => select(run.executionId, true));
     item.append(button);
     return item;
   });
@@ -186,14 +195,34 @@ function renderRun(run) {
   setText($("run-envelopes"), formatNumber(run.records.length));
   $("run-error").hidden = !view.error;
   setText($("run-error"), view.error ? `Error: ${view.error}` : "");
-  $("export-json").href = tracePath(run.executionId, "json");
-  $("export-json").download = `${page.sessionId}-${run.executionId}.json`;
-  $("export-otlp").href = tracePath(run.executionId, "otlp");
-  $("export-otlp").download = `${page.sessionId}-${run.executionId}.otlp.json`;
+  setExports(run);
   renderWaterfall(run);
   renderContinuations(run);
   fillFilters(run);
   renderInspector(run);
+}
+
+let exportUrl = null;
+
+function setExports(run) {
+  const json = $("export-json");
+  const otlp = $("export-otlp");
+  json.download = `${page.sessionId}-${run.executionId}.json`;
+  otlp.download = `${page.sessionId}-${run.executionId}.otlp.json`;
+  if (page.source === "index") {
+    json.href = tracePath(run.executionId, "json");
+    otlp.href = tracePath(run.executionId, "otlp");
+    otlp.hidden = false;
+    return;
+  }
+  // Followed live: the envelopes received, in the trace endpoint's shape; OTLP needs
+  // the server's trace endpoint.
+  if (exportUrl) URL.revokeObjectURL(exportUrl);
+  const body = { session_id: page.sessionId, execution_id: run.executionId, trimmed: false, summary: run.summary, envelopes: run.records };
+  exportUrl = URL.createObjectURL(new Blob([JSON.stringify(body, null, 1)], { type: "application/json" }));
+  json.href = exportUrl;
+  otlp.hidden = true;
+  otlp.removeAttribute("href");
 }
 
 function renderWaterfall(run) {
@@ -454,6 +483,110 @@ function wire() {
   });
 }
 
+// --- following the session's channel (no index) ------------------------------------------------
+
+async function followChannel() {
+  page.source = "channel";
+  const badge = $("source");
+  badge.hidden = false;
+  setText(badge, "live from the channel");
+  try {
+    const response = await fetch("/api/demo/config", { headers: { Accept: "application/json" } });
+    if (!response.ok) throw new Error(`GET /api/demo/config answered ${response.status}`);
+    const config = await response.json();
+    if (!window.Pusher) throw new Error("pusher-js did not load (/demo/vendor/pusher.min.js)");
+    const { ChannelFeed } = await import("../vendor/agent-broadcaster-client/index.js");
+    const channel = `${config.private_sessions ? "private-" : ""}agent.${page.sessionId}`;
+    page.live = { records: [], pending: false, feed: null };
+    page.live.feed = new ChannelFeed(connect(config), channel, {
+      onEnvelope: (envelope, position) => {
+        page.live.records.push({ envelope, position });
+        scheduleLive();
+      },
+      onResume: () => scheduleLive(),
+      onProblem: (message) => problem(message),
+    }, null);
+    document.body.dataset.ready = "true";
+  } catch (error) {
+    problem(`Could not follow the session's channel: ${error.message}`);
+  }
+}
+
+function connect(config) {
+  const secure = location.protocol === "https:";
+  const port = Number(location.port) || (secure ? 443 : 80);
+  const authorize = ({ socketId, channelName }, callback) => {
+    const body = new URLSearchParams({ socket_id: socketId, channel_name: channelName });
+    if (page.token) body.set("session_token", page.token);
+    fetch(config.auth_endpoint || "/broadcasting/auth", { method: "POST", body })
+      .then(async (response) => {
+        const data = await response.json().catch(() => ({}));
+        if (!response.ok) throw new Error(data.error || `auth answered ${response.status}`);
+        callback(null, data);
+      })
+      .catch((error) => {
+        problem(`This session's channel refused the page: ${error.message}`);
+        callback(error, null);
+      });
+  };
+  return new window.Pusher(config.app_key, {
+    cluster: "local",
+    wsHost: location.hostname,
+    wsPort: port,
+    wssPort: port,
+    forceTLS: secure,
+    enabledTransports: [secure ? "wss" : "ws"],
+    disableStats: true,
+    channelAuthorization: { customHandler: authorize },
+  });
+}
+
+function scheduleLive() {
+  if (page.live.pending) return;
+  page.live.pending = true;
+  setTimeout(() => {
+    page.live.pending = false;
+    refreshLive();
+  }, 100);
+}
+
+/** Re-split the envelopes received into runs; re-render what changed. */
+function refreshLive() {
+  const previous = new Map(page.runs.map((run) => [run.executionId, run]));
+  const changed = new Set();
+  page.runs = splitRuns(page.live.records, page.sessionId).map((run) => {
+    const old = previous.get(run.executionId);
+    if (old && old.records.length === run.records.length) return old;
+    changed.add(run.executionId);
+    return { executionId: run.executionId, summary: summaryOf(run.view, run.records), records: run.records, view: run.view, trimmed: false };
+  });
+  if (!page.runs.length) return;
+  const wanted = page.pinned ? (page.selected ?? params.get("execution")) : null;
+  const target = wanted && runNamed(wanted) ? wanted : page.runs.at(-1).executionId;
+  if (target !== page.selected) {
+    select(target);
+    return;
+  }
+  renderRunList();
+  if (changed.has(target) || (page.compare && changed.has(page.compare))) {
+    const run = runNamed(target);
+    const inspector = { ...page.inspector };
+    renderRun(run);
+    restoreFilters(run, inspector);
+    renderCompare();
+  }
+}
+
+function restoreFilters(run, inspector) {
+  for (const [id, key] of [["filter-type", "type"], ["filter-step", "step"], ["filter-tool", "tool"]]) {
+    const select = $(id);
+    if ([...select.options].some((option) => option.value === inspector[key])) select.value = inspector[key];
+    else inspector[key] = "";
+  }
+  page.inspector = inspector;
+  renderInspector(run);
+}
+
 function turn(delta) {
   const run = runNamed(page.selected);
   if (!run?.records) return;
@@ -468,9 +601,17 @@ async function main() {
     problem("Open a run from the sessions page (this address names no valid session id).");
     return;
   }
+  if (params.get("source") === "live") {
+    await followChannel();
+    return;
+  }
   try {
     await loadRuns();
   } catch (error) {
+    if (error.status === 404) {
+      await followChannel(); // no index of this session here: its channel's history
+      return;
+    }
     problem(`Could not list this session's runs: ${error.message}`);
     return;
   }

@@ -44,6 +44,38 @@ export function foldRun(records, sessionId = null) {
   return reduceRunAll(createRunView(sessionId), records);
 }
 
+/**
+ * A RunSummary (the shape GET /api/sessions answers) made from a RunView, for runs known
+ * only from their envelopes (the run page following a channel).
+ */
+export function summaryOf(view, records = []) {
+  const seconds = (timestamp) => {
+    const ms = time(timestamp);
+    return ms === null ? null : ms / 1000;
+  };
+  const sums = runTotals(view);
+  const status = view.status === "completed" || view.status === "failed" ? view.status : "running";
+  const actor = view.steps.find((step) => step.actor)?.actor ?? null;
+  return {
+    session_id: view.session_id,
+    execution_id: view.execution_id,
+    started_at: seconds(view.started_at),
+    ended_at: status === "running" ? null : seconds(view.ended_at),
+    status,
+    stop_reason: view.stop_reason,
+    resolved_by: view.resolved_by,
+    steps: sums.steps,
+    tool_calls: sums.toolCalls,
+    tokens: { input: view.usage.prompt, output: view.usage.completion, total: view.usage.total },
+    capability: actor,
+    error: view.error,
+    input_preview: "",
+    private: false,
+    first_position: records[0]?.position ?? null,
+    last_position: records.at(-1)?.position ?? null,
+  };
+}
+
 /** Totals of one RunView: steps completed, tool calls, tokens, duration in ms. */
 export function runTotals(view) {
   let completed = 0;
