@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, expect
 
@@ -472,3 +473,71 @@ def test_a_run_is_exported_as_json_and_otlp_from_the_trace_endpoint(
     spans = otlp["resourceSpans"][0]
     names = [span["name"] for scope in spans["scopeSpans"] for span in scope["spans"]]
     assert "execute_tool get_weather" in names, names
+
+
+# --- the run page following a session's channel (no index of it) -------------------------------
+
+
+def post_run(url: str, question: str, session: str | None = None, pace: int = 40) -> str:
+    body: dict[str, Any] = {"input": question, "pace_ms": pace}
+    if session:
+        body["session_id"] = session
+    response = httpx.post(f"{url}/run", json=body, timeout=10)
+    assert response.status_code == 202, response.text
+    return str(response.json()["session_id"])
+
+
+def test_without_an_index_the_run_page_follows_the_channel_and_keeps_two_runs_apart(
+    page: Page, demo: ServerProcess, standin: IndexStandIn
+) -> None:
+    """Real runs on the real demo server, none in the index: the page reads the
+    session's channel (history, then live), splits the runs by execution id and shows
+    the second one as it starts, steps 4-6 apart from the first run's 1-3."""
+    session = post_run(demo.url, "What is the weather in Lisbon?")
+    page.goto(f"{demo.url}/demo/run.html?session={session}&source=live")
+    expect(page.locator("#source")).to_have_text("live from the channel", timeout=WAIT_MS)
+    expect(page.locator("#run-status")).to_have_text("completed", timeout=WAIT_MS)
+    steps = page.locator('#waterfall li[data-kind="step"] .span-name')
+    expect(steps).to_have_text(["Step 1", "Step 2", "Step 3"])
+    first_execution = page.locator("#execution-id").text_content() or ""
+    first_tokens = page.locator("#run-tokens").inner_text()
+
+    post_run(demo.url, "And what is the weather in Oslo?", session=session, pace=150)
+    items = page.locator("#run-list > li")
+    expect(items).to_have_count(2, timeout=WAIT_MS)
+    expect(page.locator("#execution-id")).not_to_have_text(first_execution)
+    expect(page.locator("#run-status")).to_have_text("completed", timeout=WAIT_MS)
+    expect(steps).to_have_text(["Step 4", "Step 5", "Step 6"])
+    expect(page.locator("#run-steps")).to_have_text("3")
+    expect(items.nth(0)).to_contain_text("3 steps")
+    expect(items.nth(1)).to_contain_text("3 steps")
+    expect(page.locator("#inspector .envelope-type").first).to_have_text("agent.status")
+    # The first run is still its own: three steps, its own tokens.
+    items.nth(0).get_by_role("button").click()
+    expect(page.locator("#execution-id")).to_have_text(first_execution)
+    expect(steps).to_have_text(["Step 1", "Step 2", "Step 3"])
+    expect(page.locator("#run-tokens")).to_have_text(first_tokens)
+    # Exported from the envelopes received (the trace endpoint's shape).
+    exported = page.evaluate(
+        "async () => (await fetch(document.getElementById('export-json').href)).json()"
+    )
+    assert exported["execution_id"] == first_execution
+    assert [r["envelope"]["type"] for r in exported["envelopes"]][-1] == "agent.status"
+    assert all(r["envelope"]["execution_id"] == first_execution for r in exported["envelopes"])
+
+
+def test_the_live_page_links_to_its_sessions_runs(
+    page: Page, demo: ServerProcess, standin: IndexStandIn
+) -> None:
+    page.goto(f"{demo.url}/")
+    expect(page.locator("body")).to_have_attribute("data-ready", "true", timeout=WAIT_MS)
+    page.get_by_label("Ask the agent").fill("What is the weather in Lisbon?")
+    page.get_by_role("button", name="Start run").click()
+    expect(page.get_by_label("Run status")).to_have_text("completed", timeout=WAIT_MS)
+    session = page.locator("#session-id").inner_text().strip()
+    page.get_by_role("link", name="Runs of this session").click()
+    expect(page).to_have_url(re.compile(rf"/demo/run\.html\?session={session}"))
+    # Not in the index (the stand-in answers 404): the page falls back to the channel.
+    expect(page.locator("#source")).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("#run-status")).to_have_text("completed", timeout=WAIT_MS)
+    expect(page.locator("#run-list > li")).to_have_count(1)
