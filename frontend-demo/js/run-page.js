@@ -80,11 +80,15 @@ async function loadRuns() {
   }));
 }
 
+const prefetched = new Map(); // execution id -> a trace request begun early
+
 async function loadTrace(run) {
   if (run.records) return run;
   run.loading ??= (async () => {
     const started = performance.now();
-    const body = await api(tracePath(run.executionId, "json"));
+    const early = prefetched.get(run.executionId);
+    prefetched.delete(run.executionId);
+    const body = (early && (await early)) || (await api(tracePath(run.executionId, "json")));
     const fetched = performance.now();
     const records = (body.envelopes || []).filter((record) => record?.envelope?.execution_id === run.executionId || !record?.envelope?.execution_id);
     run.view = foldRun(records, page.sessionId);
@@ -126,6 +130,7 @@ async function select(executionId, chosen = false) {
   renderRun(run);
   await renderCompare();
   page.timings.renderMs = performance.now() - begun;
+  page.timings.startAt = page.startAt;
   page.timings.readyAt = performance.now();
   document.body.dataset.rendered = executionId;
 }
@@ -494,7 +499,7 @@ async function followChannel() {
     const response = await fetch("/api/demo/config", { headers: { Accept: "application/json" } });
     if (!response.ok) throw new Error(`GET /api/demo/config answered ${response.status}`);
     const config = await response.json();
-    if (!window.Pusher) throw new Error("pusher-js did not load (/demo/vendor/pusher.min.js)");
+    await loadPusher();
     const { ChannelFeed } = await import("../vendor/agent-broadcaster-client/index.js");
     const channel = `${config.private_sessions ? "private-" : ""}agent.${page.sessionId}`;
     page.live = { records: [], pending: false, feed: null };
@@ -510,6 +515,18 @@ async function followChannel() {
   } catch (error) {
     problem(`Could not follow the session's channel: ${error.message}`);
   }
+}
+
+/** pusher-js (the vendored browser build), loaded only when the page follows a channel. */
+function loadPusher() {
+  if (window.Pusher) return Promise.resolve();
+  return new Promise((resolve, reject) => {
+    const script = document.createElement("script");
+    script.src = "/demo/vendor/pusher.min.js";
+    script.onload = () => (window.Pusher ? resolve() : reject(new Error("pusher-js did not load")));
+    script.onerror = () => reject(new Error("pusher-js did not load (/demo/vendor/pusher.min.js)"));
+    document.head.append(script);
+  });
 }
 
 function connect(config) {
@@ -595,6 +612,7 @@ function turn(delta) {
 }
 
 async function main() {
+  page.startAt = performance.now(); // navigation start to the page's script running
   wire();
   setText($("session-id"), page.sessionId || "—");
   if (!/^[A-Za-z0-9_\-=@,.;]{1,128}$/.test(page.sessionId)) {
@@ -605,6 +623,9 @@ async function main() {
     await followChannel();
     return;
   }
+  const wanted = params.get("execution");
+  // The run named in the address is fetched while the runs are listed.
+  const early = wanted ? api(tracePath(wanted, "json")).catch(() => null) : null;
   try {
     await loadRuns();
   } catch (error) {
@@ -620,7 +641,7 @@ async function main() {
     return;
   }
   document.body.dataset.ready = "true";
-  const wanted = params.get("execution");
+  if (early) prefetched.set(wanted, early);
   await select(wanted && runNamed(wanted) ? wanted : page.runs.at(-1).executionId);
   if (wanted && !runNamed(wanted)) problem(`No run ${wanted} in session ${page.sessionId}; showing the latest.`);
 }
