@@ -1,5 +1,5 @@
-// The run page (/demo/run.html?session=<id>[&execution=<id>][&compare=<id>][&source=live]
-// [#token=<t>]): the runs of one session apart (GET /api/sessions/{id}/runs), and for the
+// The run page (/demo/run.html?session=<id>[&execution=<id>][&compare=<id>
+// [&compare_session=<id>]][&source=live][#token=<t>]): the runs of one session apart (GET /api/sessions/{id}/runs), and for the
 // chosen run its envelopes (GET /api/sessions/{id}/trace?execution_id=…) as a waterfall,
 // the continuation decisions explained, a raw envelope inspector, a comparison with
 // another run, and export links. Every view is computed from the envelopes (js/trace.js,
@@ -7,7 +7,7 @@
 // `source=live`) the page follows the session's channel instead (its history, then live)
 // and splits the runs by execution id itself. Model and tool text is only textContent.
 
-import { alignRuns, COMPARED, describe, explainContinuation, foldRun, runTotals, splitRuns, stepOfEnvelope, summaryOf, waterfall } from "./trace.js";
+import { alignRuns, COMPARED, decisionText, describe, explainContinuation, foldRun, runTotals, splitRuns, stepOfEnvelope, summaryOf, waterfall } from "./trace.js";
 import { formatDuration, formatNumber, formatTime, setText, element } from "./format.js";
 
 const $ = (id) => document.getElementById(id);
@@ -22,6 +22,8 @@ const page = {
   selected: null,
   pinned: Boolean(params.get("execution")), // false: follow the latest run as runs start
   compare: params.get("compare") || null,
+  compareSession: params.get("compare_session") || null, // another session's run to compare
+  others: [], // the runs of compareSession
   source: "index", // or "channel": the envelopes followed live, no index on the server
   live: null, // {records, pending, feed} while following the channel
   inspector: { page: 0, type: "", step: "", tool: "" },
@@ -51,14 +53,14 @@ function api(path) {
   });
 }
 
-function sessionPath(suffix) {
-  return `/api/sessions/${encodeURIComponent(page.sessionId)}/${suffix}`;
+function sessionPath(suffix, sessionId = page.sessionId) {
+  return `/api/sessions/${encodeURIComponent(sessionId)}/${suffix}`;
 }
 
-function tracePath(executionId, format) {
+function tracePath(executionId, format, sessionId = page.sessionId) {
   const query = new URLSearchParams({ execution_id: executionId, format });
-  if (page.token) query.set("token", page.token);
-  return `${sessionPath("trace")}?${query}`;
+  if (page.token && sessionId === page.sessionId) query.set("token", page.token);
+  return `${sessionPath("trace", sessionId)}?${query}`;
 }
 
 function problem(message) {
@@ -69,9 +71,10 @@ function problem(message) {
 
 // --- loading -------------------------------------------------------------------------------
 
-async function loadRuns() {
-  const body = await api(sessionPath("runs"));
-  page.runs = (body.runs || []).map((summary) => ({
+async function loadRuns(sessionId = page.sessionId) {
+  const body = await api(sessionPath("runs", sessionId));
+  return (body.runs || []).map((summary) => ({
+    sessionId,
     executionId: summary.execution_id,
     summary,
     records: null,
@@ -88,7 +91,7 @@ async function loadTrace(run) {
     const started = performance.now();
     const early = prefetched.get(run.executionId);
     prefetched.delete(run.executionId);
-    const body = (early && (await early)) || (await api(tracePath(run.executionId, "json")));
+    const body = (early && (await early)) || (await api(tracePath(run.executionId, "json", run.sessionId)));
     const fetched = performance.now();
     const records = (body.envelopes || []).filter((record) => record?.envelope?.execution_id === run.executionId || !record?.envelope?.execution_id);
     run.view = foldRun(records, page.sessionId);
@@ -106,6 +109,12 @@ async function loadTrace(run) {
 
 function runNamed(executionId) {
   return page.runs.find((run) => run.executionId === executionId) ?? null;
+}
+
+/** The run to compare with: of this session, or of compare_session. */
+function compareRun() {
+  if (!page.compare) return null;
+  return runNamed(page.compare) ?? page.others.find((run) => run.executionId === page.compare) ?? null;
 }
 
 async function select(executionId, chosen = false) {
@@ -139,6 +148,9 @@ function updateUrl() {
   const query = new URLSearchParams({ session: page.sessionId });
   if (page.selected) query.set("execution", page.selected);
   if (page.compare) query.set("compare", page.compare);
+  const other = compareRun();
+  if (other && other.sessionId !== page.sessionId) query.set("compare_session", other.sessionId);
+  else if (!other && page.compareSession) query.set("compare_session", page.compareSession);
   history.replaceState(null, "", `?${query}${location.hash}`);
 }
 
@@ -175,10 +187,15 @@ function renderRunList() {
     option.value = run.executionId;
     return option;
   });
+  const others = page.others.map((run, index) => {
+    const option = element("option", "", `${run.sessionId} · Run ${index + 1} · ${run.executionId}`);
+    option.value = run.executionId;
+    return option;
+  });
   const compare = $("compare-select");
-  compare.replaceChildren(element("option", "", "—"), ...options);
+  compare.replaceChildren(element("option", "", "—"), ...options, ...others);
   compare.firstElementChild.value = "";
-  compare.value = page.compare && runNamed(page.compare) ? page.compare : "";
+  compare.value = compareRun() ? page.compare : "";
 }
 
 // --- the selected run ------------------------------------------------------------------------
@@ -267,7 +284,7 @@ function renderContinuations(run) {
     const block = element("article", "cont-block");
     block.dataset.step = String(step.number);
     block.dataset.decision = why.decision;
-    block.append(element("h3", "", `Step ${step.number}: ${why.decision}${cont.stop_reason ? ` (${cont.stop_reason})` : ""}`));
+    block.append(element("h3", "", `Step ${step.number}: ${decisionText(cont)}`));
     const facts = element("dl", "why");
     const fact = (name, value, cls) => {
       const wrap = element("div", cls);
@@ -413,10 +430,10 @@ async function renderCompare() {
   const table = $("compare");
   const verdict = $("compare-verdict");
   const current = runNamed(page.selected);
-  const other = page.compare ? runNamed(page.compare) : null;
+  const other = compareRun();
   if (!current?.view || !other || other === current) {
     table.hidden = true;
-    setText(verdict, page.compare && !other ? `No run ${page.compare} in this session.` : "Choose another run to compare with.");
+    setText(verdict, page.compare && !other ? `No run ${page.compare} in ${page.compareSession ? `session ${page.compareSession}` : "this session"}.` : "Choose another run to compare with.");
     verdict.dataset.state = "none";
     return;
   }
@@ -429,7 +446,7 @@ async function renderCompare() {
   }
   const { rows, first } = alignRuns(current.view, other.view);
   setText($("compare-left-head"), `This run (${current.executionId})`);
-  setText($("compare-right-head"), `Other run (${other.executionId})`);
+  setText($("compare-right-head"), `Other run (${other.sessionId === page.sessionId ? "" : `${other.sessionId} · `}${other.executionId})`);
   const cells = (facts, row) => {
     const cell = element("td", "compare-cell");
     if (!facts) {
@@ -575,7 +592,7 @@ function refreshLive() {
     const old = previous.get(run.executionId);
     if (old && old.records.length === run.records.length) return old;
     changed.add(run.executionId);
-    return { executionId: run.executionId, summary: summaryOf(run.view, run.records), records: run.records, view: run.view, trimmed: false };
+    return { sessionId: page.sessionId, executionId: run.executionId, summary: summaryOf(run.view, run.records), records: run.records, view: run.view, trimmed: false };
   });
   if (!page.runs.length) return;
   const wanted = page.pinned ? (page.selected ?? params.get("execution")) : null;
@@ -627,7 +644,7 @@ async function main() {
   // The run named in the address is fetched while the runs are listed.
   const early = wanted ? api(tracePath(wanted, "json")).catch(() => null) : null;
   try {
-    await loadRuns();
+    page.runs = await loadRuns();
   } catch (error) {
     if (error.status === 404) {
       await followChannel(); // no index of this session here: its channel's history
@@ -639,6 +656,13 @@ async function main() {
   if (!page.runs.length) {
     problem("This session has no recorded runs.");
     return;
+  }
+  if (page.compareSession && page.compareSession !== page.sessionId) {
+    try {
+      page.others = await loadRuns(page.compareSession);
+    } catch (error) {
+      problem(`Could not list the runs of session ${page.compareSession} to compare with: ${error.message}`);
+    }
   }
   document.body.dataset.ready = "true";
   if (early) prefetched.set(wanted, early);

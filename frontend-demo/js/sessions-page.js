@@ -16,6 +16,7 @@ const list = {
   ticket: 0, // the latest request; an older answer is dropped
   polls: 0,
   notModified: 0,
+  chosen: [], // up to two runs ticked to compare: [{session_id, execution_id}]
 };
 
 // Read-only hooks for tests' diagnostics.
@@ -148,6 +149,13 @@ function renderRows() {
     badge.dataset.status = run.status === "running" ? "in_progress" : run.status;
     const status = element("td");
     status.append(badge);
+    const pick = element("td", "pick");
+    const box = element("input");
+    box.type = "checkbox";
+    box.setAttribute("aria-label", `Compare ${run.execution_id}`);
+    box.checked = list.chosen.some((c) => c.execution_id === run.execution_id && c.session_id === run.session_id);
+    box.addEventListener("change", () => choose(run, box.checked));
+    pick.append(box);
     const session = element("td", "mono");
     const link = element("a", "run-link", run.session_id);
     link.href = runHref(run);
@@ -160,6 +168,7 @@ function renderRows() {
     const duration = element("td", "", formatDuration(Math.max(0, end - run.started_at) * 1000));
     if (run.ended_at == null) duration.classList.add("live");
     row.append(
+      pick,
       status,
       session,
       input,
@@ -172,7 +181,7 @@ function renderRows() {
       element("td", "mono", run.resolved_by ?? "—"),
     );
     row.addEventListener("click", (event) => {
-      if (event.target.closest("a")) return;
+      if (event.target.closest("a, input, .pick")) return;
       location.href = runHref(run);
     });
     return row;
@@ -180,7 +189,27 @@ function renderRows() {
   $("sessions").querySelector("tbody").replaceChildren(...rows);
   $("list-empty").hidden = rows.length > 0;
   $("load-more").hidden = !list.cursor;
+  showCompare();
   setText($("list-state"), `${rows.length} run${rows.length === 1 ? "" : "s"}${list.cursor ? " (more available)" : ""} · live`);
+}
+
+/** Tick or untick a run to compare; a third tick drops the oldest. */
+function choose(run, chosen) {
+  const same = (c) => c.execution_id === run.execution_id && c.session_id === run.session_id;
+  list.chosen = list.chosen.filter((c) => !same(c));
+  if (chosen) list.chosen.push({ session_id: run.session_id, execution_id: run.execution_id });
+  list.chosen = list.chosen.slice(-2);
+  renderRows();
+}
+
+function showCompare() {
+  const link = $("compare-link");
+  link.hidden = list.chosen.length !== 2;
+  if (link.hidden) return;
+  const [a, b] = list.chosen;
+  const query = new URLSearchParams({ session: a.session_id, execution: a.execution_id, compare: b.execution_id });
+  if (b.session_id !== a.session_id) query.set("compare_session", b.session_id);
+  link.href = `/demo/run.html?${query}`;
 }
 
 function apply(event, given = null) {

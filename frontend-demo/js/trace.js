@@ -271,13 +271,19 @@ export function explainContinuation(cont) {
   return { forbade, requested, stopped, allowed, winner, rule, decision: cont?.should_continue ? "continue" : "stop" };
 }
 
+/** "continue", or "stop (<stop reason>)": a stop reason is only named for a stop. */
+export function decisionText(cont) {
+  if (cont.should_continue) return "continue";
+  return cont.stop_reason ? `stop (${cont.stop_reason})` : "stop";
+}
+
 /** What a step did, for comparing runs: tool calls with arguments, decision, tokens. */
 function stepFacts(step) {
   const cont = step?.continuation ?? step?.completed?.continuation ?? null;
   return {
     tools: (step?.tools ?? []).map((tool) => tool.name ?? "?"),
     arguments: (step?.tools ?? []).map((tool) => JSON.stringify(tool.arguments ?? tool.args_summary ?? null)),
-    decision: cont ? `${cont.should_continue ? "continue" : "stop"}${cont.stop_reason ? ` (${cont.stop_reason})` : ""} by ${cont.resolved_by ?? "?"}` : "—",
+    decision: cont ? `${decisionText(cont)} by ${cont.resolved_by ?? "?"}` : "—",
     tokens: step?.completed?.usage?.total ?? null,
   };
 }

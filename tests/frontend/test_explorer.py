@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -105,6 +106,14 @@ def page(context: BrowserContext) -> Iterator[Page]:
     assert not errors, f"JavaScript errors on the page: {errors}"
 
 
+def screenshot(page: Page, folder: Path, name: str) -> None:
+    """Save the whole page at 1280 px and at 390 px wide as artifacts."""
+    page.screenshot(path=folder / f"{name}-1280.png", full_page=True)
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.screenshot(path=folder / f"{name}-390.png", full_page=True)
+    page.set_viewport_size({"width": 1280, "height": 900})
+
+
 def open_sessions(page: Page, demo: ServerProcess, query: str = "") -> None:
     page.goto(f"{demo.url}/demo/sessions.html{query}")
     expect(page.locator("body")).to_have_attribute("data-ready", "true", timeout=WAIT_MS)
@@ -133,7 +142,7 @@ def run_of(standin: IndexStandIn, name: str, index: int = 0) -> RecordedRun:
 
 
 def test_the_sessions_page_lists_runs_newest_first_with_badges_duration_and_tokens(
-    page: Page, demo: ServerProcess, standin: IndexStandIn
+    page: Page, demo: ServerProcess, standin: IndexStandIn, artifacts: Path
 ) -> None:
     open_sessions(page, demo)
     public = [run.summary for run in standin.runs if not run.private]
@@ -146,11 +155,12 @@ def test_the_sessions_page_lists_runs_newest_first_with_badges_duration_and_toke
     expect(row.locator(".badge")).to_have_text("failed")
     expect(row.locator(".badge")).to_have_attribute("data-status", "failed")
     cells = row.locator("td")
-    expect(cells.nth(2)).to_contain_text("[fail:model]")
-    expect(cells.nth(4)).to_have_text(re.compile(r"^\d+ ms$"))  # 10 ms of recorded run
-    expect(cells.nth(5)).to_have_text(str(failed["steps"]))
-    expect(cells.nth(7)).to_have_text(str(failed["tokens"]["total"]))
-    expect(cells.nth(9)).to_have_text("ErrorPolicyCriterion")
+    expect(cells.nth(3)).to_contain_text("[fail:model]")
+    expect(cells.nth(5)).to_have_text(re.compile(r"^\d+ ms$"))  # 10 ms of recorded run
+    expect(cells.nth(6)).to_have_text(str(failed["steps"]))
+    expect(cells.nth(8)).to_have_text(str(failed["tokens"]["total"]))
+    expect(cells.nth(10)).to_have_text("ErrorPolicyCriterion")
+    screenshot(page, artifacts, "sessions")
 
 
 def test_a_private_session_is_not_listed_and_its_run_page_is_refused_without_the_token(
@@ -221,7 +231,7 @@ def test_the_list_updates_live_as_a_run_starts_and_ends_and_idle_polls_are_304(
     expect(row.locator(".badge")).to_have_text("running", timeout=WAIT_MS)
     standin.replace(running, RecordedRun(records, input_preview="a new run, still going"))
     expect(row.locator(".badge")).to_have_text("completed", timeout=WAIT_MS)
-    expect(row.locator("td").nth(5)).not_to_have_text("0")
+    expect(row.locator("td").nth(6)).not_to_have_text("0")
     # The poll went on sending the ETag it got.
     assert any(status == 304 for _, status in standin.requests)
 
@@ -231,7 +241,7 @@ def test_a_row_opens_the_run_page_of_that_run(
 ) -> None:
     open_sessions(page, demo)
     routed = run_of(standin, "routed").summary
-    page.locator(f'tr[data-execution-id="{routed["execution_id"]}"] td').nth(2).click()
+    page.locator(f'tr[data-execution-id="{routed["execution_id"]}"] td').nth(3).click()
     expect(page).to_have_url(re.compile(r"/demo/run\.html\?session=.*execution="), timeout=WAIT_MS)
     expect(page.locator("#execution-id")).to_have_text(routed["execution_id"], timeout=WAIT_MS)
     expect(page.locator("#run-status")).to_have_text("completed")
@@ -271,7 +281,7 @@ def test_two_runs_on_one_session_are_shown_apart_each_with_its_own_totals(
 
 
 def test_the_waterfall_puts_steps_model_and_tool_calls_on_one_time_axis(
-    page: Page, demo: ServerProcess, standin: IndexStandIn
+    page: Page, demo: ServerProcess, standin: IndexStandIn, artifacts: Path
 ) -> None:
     run = run_of(standin, "completed")
     open_run(page, demo, run.session_id)
@@ -287,10 +297,12 @@ def test_the_waterfall_puts_steps_model_and_tool_calls_on_one_time_axis(
     left = step3.locator(".span-bar").evaluate("bar => parseFloat(bar.style.left)")
     assert 50 < left < 60, left  # 98 of 171 ms
     expect(page.locator("#waterfall-scale")).to_have_text("0 \u2013 171 ms")
+    page.locator("#inspector .envelope-line").nth(4).click()
+    screenshot(page, artifacts, "run-page")
 
 
 def test_a_routed_capabilitys_work_is_nested_under_its_call(
-    page: Page, demo: ServerProcess, standin: IndexStandIn
+    page: Page, demo: ServerProcess, standin: IndexStandIn, artifacts: Path
 ) -> None:
     run = run_of(standin, "routed")
     open_run(page, demo, run.session_id)
@@ -307,6 +319,7 @@ def test_a_routed_capabilitys_work_is_nested_under_its_call(
     ], found
     capability = page.locator('#waterfall li[data-kind="capability"]')
     expect(capability.locator(".span-detail")).to_contain_text("In Oslo it is cloudy")
+    screenshot(page, artifacts, "run-page-routed")
 
 
 def test_the_continuation_panel_says_who_forbade_requested_won_and_by_which_rule(
@@ -405,7 +418,7 @@ def test_model_and_tool_text_is_shown_as_text_never_as_html(
 
 
 def test_two_runs_compared_side_by_side_with_the_first_divergence_highlighted(
-    page: Page, demo: ServerProcess, standin: IndexStandIn
+    page: Page, demo: ServerProcess, standin: IndexStandIn, artifacts: Path
 ) -> None:
     first, second = run_of(standin, "second-run", 0), run_of(standin, "second-run", 1)
     open_run(page, demo, first.session_id, first.execution_id, f"&compare={second.execution_id}")
@@ -430,6 +443,7 @@ def test_two_runs_compared_side_by_side_with_the_first_divergence_highlighted(
     expect(second_row.locator("td .fact-tools.differs")).to_have_count(2)
     expect(second_row.locator("td").nth(1)).to_contain_text("calculator")
     expect(table.locator('tbody tr[data-index="3"] td').first).to_contain_text("no such step")
+    screenshot(page, artifacts, "run-page-compare")
     # The same run on both sides: no divergence.
     page.get_by_label("with run").select_option(first.execution_id)
     expect(page.locator("#compare-verdict")).to_contain_text("Choose another run")
@@ -541,3 +555,25 @@ def test_the_live_page_links_to_its_sessions_runs(
     expect(page.locator("#source")).to_be_visible(timeout=WAIT_MS)
     expect(page.locator("#run-status")).to_have_text("completed", timeout=WAIT_MS)
     expect(page.locator("#run-list > li")).to_have_count(1)
+
+
+def test_two_runs_of_different_sessions_ticked_on_the_list_are_compared(
+    page: Page, demo: ServerProcess, standin: IndexStandIn
+) -> None:
+    completed, later = run_of(standin, "completed"), run_of(standin, "second-run", 1)
+    open_sessions(page, demo)
+    link = page.get_by_role("link", name="Compare the two selected runs")
+    page.get_by_label(f"Compare {completed.execution_id}").check()
+    expect(link).to_be_hidden()
+    page.get_by_label(f"Compare {later.execution_id}").check()
+    expect(page).to_have_url(re.compile(r"/demo/sessions\.html"))  # ticking opens nothing
+    link.click()
+    expect(page).to_have_url(re.compile(rf"compare_session={later.session_id}"), timeout=WAIT_MS)
+    expect(page.locator("#execution-id")).to_have_text(completed.execution_id, timeout=WAIT_MS)
+    expect(page.locator("#compare-right-head")).to_contain_text(later.session_id)
+    expect(page.locator("#compare tbody tr")).to_have_count(3)
+    # The same three steps, tool calls and decisions; the later run read a longer history.
+    expect(page.locator("#compare-verdict")).to_have_text(
+        "First divergence: step #1 of each run, tokens."
+    )
+    expect(page.locator("#compare tbody tr").first).to_have_attribute("data-differs", "tokens")
