@@ -7,6 +7,7 @@
 // `source=live`) the page follows the session's channel instead (its history, then live)
 // and splits the runs by execution id itself. Model and tool text is only textContent.
 
+import { TERMINAL } from "../vendor/agent-broadcaster-client/run.js";
 import { alignRuns, COMPARED, decisionText, describe, explainContinuation, foldRun, runTotals, splitRuns, stepOfEnvelope, summaryOf, waterfall } from "./trace.js";
 import { formatDuration, formatNumber, formatTime, setText, element } from "./format.js";
 
@@ -218,6 +219,12 @@ function renderRun(run) {
   $("run-error").hidden = !view.error;
   setText($("run-error"), view.error ? `Error: ${view.error}` : "");
   setExports(run);
+  const stale = page.source === "index" && !TERMINAL.has(view.status);
+  $("run-running").hidden = !stale;
+  if (stale) {
+    const query = new URLSearchParams({ session: page.sessionId, execution: run.executionId, source: "live" });
+    $("follow-live").href = `?${query}${location.hash}`;
+  }
   renderWaterfall(run);
   renderContinuations(run);
   fillFilters(run);

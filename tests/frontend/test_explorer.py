@@ -577,3 +577,18 @@ def test_two_runs_of_different_sessions_ticked_on_the_list_are_compared(
         "First divergence: step #1 of each run, tokens."
     )
     expect(page.locator("#compare tbody tr").first).to_have_attribute("data-differs", "tokens")
+
+
+def test_a_run_read_while_still_going_offers_to_follow_the_session_live(
+    page: Page, demo: ServerProcess, standin: IndexStandIn
+) -> None:
+    records = renamed(golden_records("completed")[0], "s-still-going")
+    running = standin.add(RecordedRun(records[:6]))
+    open_run(page, demo, running.session_id)
+    expect(page.locator("#run-status")).to_have_text("in progress")
+    expect(page.locator("#run-running")).to_be_visible()
+    href = page.get_by_role("link", name="Follow the session live").get_attribute("href")
+    assert href == f"?session=s-still-going&execution={running.execution_id}&source=live"
+    # A finished run does not offer it.
+    open_run(page, demo, run_of(standin, "completed").session_id)
+    expect(page.locator("#run-running")).to_be_hidden()
