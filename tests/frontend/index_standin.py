@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as HttpRoute
 
-from broadcaster.client import create_run_view, reduce_run
+from broadcaster.client import create_run_view, reduce_run_all
 
 __all__ = ["IndexStandIn", "RecordedRun", "golden_records", "long_run", "route_index"]
 
@@ -150,9 +150,7 @@ class RecordedRun:
 
     def summarize(self) -> dict[str, Any]:
         """The RunSummary of the contract, folded with the Python client's reducer."""
-        view = create_run_view(self.session_id)
-        for record in self.records:
-            view = reduce_run(view, record["envelope"], record["position"])
+        view = reduce_run_all(create_run_view(self.session_id), self.records)
         status = view["status"] if view["status"] in ("completed", "failed") else "running"
         steps = view["steps"]
         actors = [step["actor"] for step in steps if step.get("actor")]
