@@ -377,8 +377,8 @@ function renderInspector(run) {
   const total = run.records.length;
   setText($("inspector-count"), rows.length === total ? `${formatNumber(total)} envelopes` : `${formatNumber(rows.length)} of ${formatNumber(total)} envelopes`);
   setText($("page-info"), `page ${filter.page + 1} of ${pages}`);
-  $("page-prev").disabled = filter.page === 0;
-  $("page-next").disabled = filter.page >= pages - 1;
+  $("page-prev").disabled = $("page-first").disabled = filter.page === 0;
+  $("page-next").disabled = $("page-last").disabled = filter.page >= pages - 1;
   $("inspector").replaceChildren(...shown.map(inspectorRow));
 }
 
@@ -503,8 +503,10 @@ function wire() {
       if (run?.records) renderInspector(run);
     });
   }
+  $("page-first").addEventListener("click", () => turn(-Infinity));
   $("page-prev").addEventListener("click", () => turn(-1));
   $("page-next").addEventListener("click", () => turn(1));
+  $("page-last").addEventListener("click", () => turn(Infinity)); // renderInspector clamps
   $("compare-select").addEventListener("change", async (event) => {
     page.compare = event.target.value || null;
     updateUrl();
@@ -631,7 +633,7 @@ function restoreFilters(run, inspector) {
 function turn(delta) {
   const run = runNamed(page.selected);
   if (!run?.records) return;
-  page.inspector.page = Math.max(0, page.inspector.page + delta);
+  page.inspector.page = Math.max(0, Math.min(page.inspector.page + delta, Number.MAX_SAFE_INTEGER));
   renderInspector(run);
 }
 

@@ -380,13 +380,22 @@ def test_a_run_of_2000_envelopes_is_paginated_with_none_left_out(
     expect(page.locator("#inspector-count")).to_have_text("2,000 envelopes")
     expect(page.locator("#inspector > li")).to_have_count(100)
     expect(page.locator("#page-info")).to_have_text("page 1 of 20")
-    for _ in range(19):
-        page.get_by_role("button", name="Next").click()
+    page.get_by_role("button", name="Next").click()
+    expect(page.locator("#page-info")).to_have_text("page 2 of 20")
+    expect(page.locator("#inspector .envelope-index").first).to_have_text("#101")
+    page.get_by_role("button", name="Last").click()
     expect(page.locator("#page-info")).to_have_text("page 20 of 20")
     last = page.locator("#inspector > li").last
     expect(last.locator(".envelope-index")).to_have_text("#2000")
     expect(last.locator(".envelope-position")).to_have_text(run.records[-1]["position"])
     expect(page.get_by_role("button", name="Next")).to_be_disabled()
+    page.get_by_role("button", name="Previous").click()
+    expect(page.locator("#inspector .envelope-index").first).to_have_text("#1801")
+    # Filters apply to all 2,000: one agent.status at each end.
+    page.locator("#filter-type").select_option("agent.status")
+    expect(page.locator("#inspector > li")).to_have_count(2)
+    expect(page.locator("#inspector .envelope-index")).to_have_text(["#1", "#2000"])
+    expect(page.locator("#page-info")).to_have_text("page 1 of 1")
     expect(page.locator('#waterfall li[data-kind="step"]')).to_have_count(run.summary["steps"])
 
 
