@@ -1,6 +1,6 @@
 // The run page (/demo/run.html?session=<id>[&execution=<id>][&compare=<id>
-// [&compare_session=<id>]][&source=live][#token=<t>]): the runs of one session apart (GET /api/sessions/{id}/runs), and for the
-// chosen run its envelopes (GET /api/sessions/{id}/trace?execution_id=…) as a waterfall,
+// [&compare_session=<id>]][&source=live][#token=<t>]): the runs of one session apart
+// (GET /api/sessions/{id}/runs), and for the chosen run its envelopes (GET /api/sessions/{id}/trace?execution_id=…) as a waterfall,
 // the continuation decisions explained, a raw envelope inspector, a comparison with
 // another run, and export links. Every view is computed from the envelopes (js/trace.js,
 // the client kit's reducer), so when the server keeps no index of the session (404, or
@@ -95,7 +95,7 @@ async function loadTrace(run) {
     const body = (early && (await early)) || (await api(tracePath(run.executionId, "json", run.sessionId)));
     const fetched = performance.now();
     const records = (body.envelopes || []).filter((record) => record?.envelope?.execution_id === run.executionId || !record?.envelope?.execution_id);
-    run.view = foldRun(records, page.sessionId);
+    run.view = foldRun(records, run.sessionId);
     run.records = records;
     run.trimmed = Boolean(body.trimmed);
     page.timings = { fetchMs: fetched - started, foldMs: performance.now() - fetched };
@@ -147,7 +147,9 @@ async function select(executionId, chosen = false) {
 
 function updateUrl() {
   const query = new URLSearchParams({ session: page.sessionId });
-  if (page.selected) query.set("execution", page.selected);
+  // Following a channel, an execution is named only once chosen (else: the latest run).
+  if (page.selected && (page.pinned || page.source === "index")) query.set("execution", page.selected);
+  if (page.source === "channel" && params.get("source") === "live") query.set("source", "live");
   if (page.compare) query.set("compare", page.compare);
   const other = compareRun();
   if (other && other.sessionId !== page.sessionId) query.set("compare_session", other.sessionId);
@@ -241,7 +243,7 @@ function setExports(run) {
   if (page.source === "index") {
     json.href = tracePath(run.executionId, "json");
     otlp.href = tracePath(run.executionId, "otlp");
-    otlp.hidden = false;
+    $("export-otlp-part").hidden = false;
     return;
   }
   // Followed live: the envelopes received, in the trace endpoint's shape; OTLP needs
@@ -250,7 +252,7 @@ function setExports(run) {
   const body = { session_id: page.sessionId, execution_id: run.executionId, trimmed: false, summary: run.summary, envelopes: run.records };
   exportUrl = URL.createObjectURL(new Blob([JSON.stringify(body, null, 1)], { type: "application/json" }));
   json.href = exportUrl;
-  otlp.hidden = true;
+  $("export-otlp-part").hidden = true;
   otlp.removeAttribute("href");
 }
 

@@ -547,6 +547,9 @@ def test_without_an_index_the_run_page_follows_the_channel_and_keeps_two_runs_ap
     assert exported["execution_id"] == first_execution
     assert [r["envelope"]["type"] for r in exported["envelopes"]][-1] == "agent.status"
     assert all(r["envelope"]["execution_id"] == first_execution for r in exported["envelopes"])
+    expect(page.get_by_role("link", name="OTLP")).to_be_hidden()  # needs the trace endpoint
+    assert f"execution={first_execution}" in page.url
+    assert "source=live" in page.url
 
 
 def test_the_live_page_links_to_its_sessions_runs(
