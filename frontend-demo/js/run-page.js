@@ -180,6 +180,9 @@ function renderRunList() {
       element("span", "run-item-totals", `${s.steps} steps · ${s.tool_calls} tool calls · ${formatNumber(s.tokens?.total)} tokens · ${formatDuration(duration)}`),
     );
     if (s.stop_reason) button.append(element("span", "muted", `stop: ${s.stop_reason}${s.resolved_by ? ` by ${s.resolved_by}` : ""}`));
+    if (s.first_position || s.last_position) {
+      button.append(element("span", "run-positions mono muted", `positions ${s.first_position ?? "?"} – ${s.last_position ?? "…"}`));
+    }
     button.addEventListener("click", () => select(run.executionId, true));
     item.append(button);
     return item;

@@ -261,6 +261,10 @@ def test_two_runs_on_one_session_are_shown_apart_each_with_its_own_totals(
     expect(items.nth(0)).to_contain_text(f"{first.summary['steps']} steps")
     expect(items.nth(1)).to_contain_text("completed")
     expect(items.nth(1)).to_contain_text(f"{second.summary['steps']} steps")
+    # The run boundaries, as channel positions: 0f2d178a:1-11, then 12-28.
+    for item, run in ((items.nth(0), first), (items.nth(1), second)):
+        bounds = f"positions {run.records[0]['position']} \u2013 {run.records[-1]['position']}"
+        expect(item.locator(".run-positions")).to_have_text(bounds)
     # The latest run is shown: only its own steps (3, 4, 5) and totals.
     expect(page.locator("#execution-id")).to_have_text(second.execution_id)
     expect(page.locator("#run-status")).to_have_text("completed")
