@@ -28,7 +28,7 @@ import copy
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final
@@ -55,6 +55,7 @@ __all__ = [
     "parse_position",
     "reconcile",
     "reduce_run",
+    "reduce_run_all",
     "watch_session",
 ]
 
@@ -341,6 +342,27 @@ def _apply(run: RunView, kind: str, payload: dict[str, Any], at: str | None) -> 
         run["resolved_by"] = payload["resolved_by"]
 
 
+def _fold(run: RunView, envelope: Any, position: str | None) -> bool:
+    """Fold ``envelope`` into ``run`` in place; False when it leaves the run as it was."""
+    if not isinstance(envelope, dict) or envelope.get("type") not in _KNOWN:
+        return False
+    payload = envelope.get("payload")
+    if not isinstance(payload, dict) or _is_replay(run["position"], position):
+        return False
+    at = envelope.get("timestamp")
+    if run["started_at"] is None and at is not None:
+        run["started_at"] = at
+    if run["session_id"] is None and envelope.get("session_id"):
+        run["session_id"] = envelope["session_id"]
+    if envelope.get("execution_id"):
+        run["execution_id"] = envelope["execution_id"]
+    _apply(run, envelope["type"], payload, at)
+    run["event_count"] += 1
+    if position is not None:
+        run["position"] = position
+    return True
+
+
 def reduce_run(view: RunView, envelope: Any, position: str | None = None) -> RunView:
     """Fold one envelope into ``view``, returning a new RunView (``view`` is unchanged).
 
@@ -354,17 +376,17 @@ def reduce_run(view: RunView, envelope: Any, position: str | None = None) -> Run
     if not isinstance(payload, dict) or _is_replay(view["position"], position):
         return view
     run = copy.deepcopy(view)
-    at = envelope.get("timestamp")
-    if run["started_at"] is None and at is not None:
-        run["started_at"] = at
-    if run["session_id"] is None and envelope.get("session_id"):
-        run["session_id"] = envelope["session_id"]
-    if envelope.get("execution_id"):
-        run["execution_id"] = envelope["execution_id"]
-    _apply(run, envelope["type"], payload, at)
-    run["event_count"] += 1
-    if position is not None:
-        run["position"] = position
+    _fold(run, envelope, position)
+    return run
+
+
+def reduce_run_all(view: RunView, records: Iterable[Mapping[str, Any]]) -> RunView:
+    """Fold many ``{"envelope", "position"}`` records into ``view`` at once, in order: the
+    same RunView as :func:`reduce_run` over each in turn, with one copy of the view
+    instead of one per envelope (a stored trace of thousands). ``view`` is unchanged."""
+    run = copy.deepcopy(view)
+    for record in records:
+        _fold(run, record.get("envelope"), record.get("position"))
     return run
 
 

@@ -179,6 +179,10 @@ function follow(sessionId, channelName, from = null) {
   view.reset();
   view.history("none", "");
   history.replaceState(null, "", `#session=${encodeURIComponent(sessionId)}`); // reload re-attaches
+  // The run page shows the session's runs apart (and follows the channel if no index).
+  const runLink = document.getElementById("run-page-link");
+  runLink.href = `/demo/run.html?${new URLSearchParams({ session: sessionId })}${app.auth?.token ? `#token=${encodeURIComponent(app.auth.token)}` : ""}`;
+  runLink.hidden = false;
   const pusher = connect();
   app.feed = new ChannelFeed(pusher, channelName, {
     onEnvelope: (envelope, position) => onEnvelope(followed, envelope, position),

@@ -19,6 +19,7 @@ from broadcaster.client import (
     final_text,
     reconcile,
     reduce_run,
+    reduce_run_all,
 )
 
 FOLDER = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
@@ -49,6 +50,23 @@ def test_every_kind_of_run_is_recorded() -> None:
         "framework-openai-agents",
         "framework-langgraph",
     } <= set(FIXTURES)
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_reduce_run_all_folds_a_golden_run_as_reduce_run_does(name: str) -> None:
+    fixture = FIXTURES[name]
+    start = create_run_view(fixture["session_id"])
+    frozen = json.dumps(start)
+    view, batch = start, []
+    for op in fixture["ops"]:
+        if op.get("snapshot"):
+            view = apply_snapshot(reduce_run_all(view, batch), fixture["snapshot"])
+            batch = []
+        else:
+            batch.append(op)
+    view = reduce_run_all(view, batch)
+    assert view == fixture["expected"]["view"]
+    assert json.dumps(start) == frozen  # the view given is unchanged
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURES))

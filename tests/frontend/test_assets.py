@@ -47,7 +47,7 @@ def test_the_vendored_copy_is_byte_for_byte_the_npm_package_file() -> None:
 
 
 def test_the_page_loads_nothing_from_other_hosts() -> None:
-    pages = [FRONTEND / "index.html", FRONTEND / "app.js", *FRONTEND.glob("js/*.js")]
+    pages = [*FRONTEND.glob("*.html"), FRONTEND / "app.js", *FRONTEND.glob("js/*.js")]
     for path in [*pages, *KIT.glob("*.js")]:
         text = path.read_text()
         remote = re.findall(r"""(?:src|href|import[^"']*from)\s*=?\s*["'](?:https?:)?//""", text)
@@ -74,3 +74,17 @@ def test_the_demo_serves_the_page_and_every_asset_it_references(
         assert response.status_code == 200, path
         if path.endswith(".js"):
             assert "javascript" in response.headers["content-type"], path
+
+
+@pytest.mark.parametrize("page", ["sessions.html", "run.html"])
+def test_the_demo_serves_the_explorer_pages_and_every_asset_they_reference(
+    demo_server: ServerProcess, page: str
+) -> None:
+    answer = httpx.get(f"{demo_server.url}/demo/{page}", timeout=5)
+    assert answer.status_code == 200
+    assets = re.findall(r'(?:src|href)="(/demo/[^"]+)"', answer.text)
+    assert "/demo/explorer.css" in assets, assets
+    assert any(path.endswith("-page.js") for path in assets), assets
+    for path in assets:
+        response = httpx.get(f"{demo_server.url}{path}", timeout=5)
+        assert response.status_code == 200, path

@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { readdirSync, readFileSync } from "node:fs";
 import { test } from "node:test";
-import { applySnapshot, createRunView, reconcile, reduceRun } from "../dist/index.js";
+import { applySnapshot, createRunView, reconcile, reduceRun, reduceRunAll } from "../dist/index.js";
 
 const FOLDER = new URL("../../../tests/fixtures/runs/", import.meta.url);
 const names = readdirSync(FOLDER).filter((name) => name.endsWith(".json")).sort();
@@ -22,5 +22,27 @@ for (const name of names) {
     assert.deepEqual(view, fixture.expected.view);
     const differences = fixture.snapshot ? reconcile(view, fixture.snapshot) : null;
     assert.deepEqual(differences, fixture.expected.differences);
+  });
+}
+
+// reduceRunAll (a whole trace at once, one copy) builds the same view as reduceRun in turn.
+for (const name of names) {
+  const fixture = JSON.parse(readFileSync(new URL(name, FOLDER), "utf8"));
+  test(`${fixture.name}: reduceRunAll folds it as reduceRun does`, () => {
+    const start = createRunView(fixture.session_id);
+    const frozen = JSON.stringify(start);
+    let view = start;
+    let batch = [];
+    for (const op of fixture.ops) {
+      if (op.snapshot) {
+        view = applySnapshot(reduceRunAll(view, batch), fixture.snapshot);
+        batch = [];
+      } else {
+        batch.push(op);
+      }
+    }
+    view = reduceRunAll(view, batch);
+    assert.deepEqual(view, fixture.expected.view);
+    assert.equal(JSON.stringify(start), frozen); // the view given is not changed
   });
 }
