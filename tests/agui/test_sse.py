@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 from agent_core.app.demo import session_token as demo_session_token
-from broadcaster._frames import Outgoing
+from broadcaster._frames import PreparedMessage
 from broadcaster.connection import Delivery
 from broadcaster.envelope import json_schema
 from broadcaster.publication import Position
@@ -67,7 +67,7 @@ def test_an_event_without_position_has_no_id_and_no_line_break_in_its_name() -> 
 
 def test_decode_reads_the_hub_message() -> None:
     payload = b'{"event":"e","channel":"c","data":"{\\"x\\":1}","position":"ep:3"}'
-    assert decode(Outgoing(payload)) == FeedItem("e", '{"x":1}', "ep:3")
+    assert decode(PreparedMessage(payload)) == FeedItem("e", '{"x":1}', "ep:3")
 
 
 def test_the_session_token_is_the_one_the_demo_hands_out() -> None:
@@ -77,7 +77,7 @@ def test_the_session_token_is_the_one_the_demo_hands_out() -> None:
 async def test_a_feed_over_its_byte_limit_ends_as_a_slow_consumer() -> None:
     ended: list[object] = []
     conn = FeedConnection(APP, Delivery(4096, on_slow_consumer=ended.append))
-    message = Outgoing(b"x" * 1500)
+    message = PreparedMessage(b"x" * 1500)
     conn.send(message)
     conn.send(message)
     assert [len(m) for m in await conn.take(1)] == [1500, 1500]

@@ -27,7 +27,7 @@ PATHS = ["fast", "asgi"]
 
 
 async def server(start_server: StartServer, path: str) -> LiveServer:
-    """The fast path (native sessions) or uvicorn's plain ASGI WebSocket path."""
+    """The fast path (native handlers) or uvicorn's plain ASGI WebSocket path."""
     return await start_server() if path == "fast" else await start_server(ws="websockets-sansio")
 
 

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from broadcaster._frames import Outgoing, text_frame
+from broadcaster._frames import PreparedMessage, text_frame
 from tests.support.live import APP_ID, Client, LiveServer, StartServer, wait_for
 
 Connect = Callable[..., Awaitable[Client]]
@@ -82,7 +82,7 @@ def test_frames_are_built_once_with_the_right_header() -> None:
     assert text_frame(medium)[:4] == bytes([0x81, 126, 0, 126])
     assert text_frame(large)[:2] == bytes([0x81, 127])
     assert int.from_bytes(text_frame(large)[2:10], "big") == 70_000
-    message = Outgoing(b"{}")
+    message = PreparedMessage(b"{}")
     assert message.frame is message.frame  # built once, shared by every subscriber
 
 
