@@ -8,7 +8,7 @@ import httpx
 import pytest
 from redis.crc import key_slot
 
-from agent_core.app.worker import _Keys
+from agent_core.app.worker._scripts import _Keys
 from broadcaster.backends.redis import claim_key
 from tests.support.processes import ServerFactory
 from tests.wire.test_runs import read_run, start_run, subscribe
