@@ -4,7 +4,6 @@ the tool calls and text it builds are those of the WebSocket envelopes of the sa
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import Awaitable, Callable
@@ -13,38 +12,19 @@ from typing import Any
 import pytest
 
 from tests.support.live import Client, StartServer
-from tests.support.processes import IN_CI, REPO, require_binary
+from tests.support.node import run_node_script
 from tests.wire.test_runs import read_run, subscribe
 
 pytestmark = pytest.mark.node
 
-NODE_DIR = REPO / "tests" / "node"
 Connect = Callable[..., Awaitable[Client]]
 
 
 async def run_node_client(url: str, thread: str, run: str, text: str) -> dict[str, Any]:
-    node = require_binary("node")
-    if not (NODE_DIR / "node_modules" / "@ag-ui" / "client").is_dir():
-        message = "@ag-ui/client is not installed: run scripts/install --test"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
-    proc = await asyncio.create_subprocess_exec(
-        node,
-        "agui_client.mjs",
-        url,
-        thread,
-        run,
-        text,
-        "5",
-        cwd=NODE_DIR,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+    result, err = await run_node_script(
+        "agui_client.mjs", url, thread, run, text, "5", package="@ag-ui/client"
     )
-    out, err = await asyncio.wait_for(proc.communicate(), 30)
-    assert out, f"no output from agui_client.mjs (exit {proc.returncode}): {err.decode()}"
-    result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
-    assert result["ok"], (result.get("error"), result["warnings"], err.decode())
+    assert result["ok"], (result.get("error"), result["warnings"], err)
     return result
 
 

@@ -4,7 +4,6 @@ accepts every chunk, and its parts are the WebSocket envelopes of the same run."
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import Awaitable, Callable
@@ -15,33 +14,18 @@ import pytest
 from agent_core.app.vercel_ai import UIMessageStreamMapper
 from broadcaster.envelope import parse_envelope
 from tests.support.live import Client, StartServer
-from tests.support.processes import IN_CI, REPO, require_binary
+from tests.support.node import run_node_script
 from tests.wire.test_runs import start_run, subscribe
 
 pytestmark = pytest.mark.node
 
-NODE_DIR = REPO / "tests" / "node"
 Connect = Callable[..., Awaitable[Client]]
 
 
 async def run_node_client(*args: str) -> dict[str, Any]:
-    node = require_binary("node")
-    if not (NODE_DIR / "node_modules" / "ai").is_dir():
-        message = "the ai package is not installed: run scripts/install --test"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
-    proc = await asyncio.create_subprocess_exec(
-        node,
-        "vercel_ai_client.mjs",
-        *args,
-        cwd=NODE_DIR,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+    result, _ = await run_node_script(
+        "vercel_ai_client.mjs", *args, package="ai", what="the ai package"
     )
-    out, err = await asyncio.wait_for(proc.communicate(), 30)
-    assert out, f"no output from vercel_ai_client.mjs (exit {proc.returncode}): {err.decode()}"
-    result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
     assert result["ok"], (result.get("error"), result.get("invalid"), result.get("errors"))
     return result
 

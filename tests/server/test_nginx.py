@@ -21,9 +21,9 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from tests.server.test_pusher_js import NodeClient
 from tests.support.live import KEY
 from tests.support.nginx import Certificates, Nginx, make_certificates
+from tests.support.node import NodeClient
 from tests.support.processes import ServerProcess
 
 pytestmark = pytest.mark.node

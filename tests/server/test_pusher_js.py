@@ -6,11 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import queue
-import subprocess
-import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,81 +15,12 @@ import pytest
 
 from broadcaster.signing import channel_auth
 from tests.support.live import APP_ID, KEY, SECRET, Client
-from tests.support.processes import IN_CI, REPO, ServerFactory, ServerProcess, require_binary
+from tests.support.node import NodeClient
+from tests.support.processes import ServerFactory, ServerProcess
 
 pytestmark = pytest.mark.node
 
-NODE_DIR = REPO / "tests" / "node"
 CHANNELS = ("agent.e2e", "private-agent.e2e", "presence-agent.e2e")
-
-
-class NodeClient:
-    """tests/node/pusher_client.mjs as a child process, its JSON lines in a queue."""
-
-    def __init__(
-        self,
-        server: ServerProcess,
-        channels: tuple[str, ...],
-        *,
-        url: str | None = None,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        """Connects to ``server``, or to ``url`` (``https://``: over wss), with ``env``
-        added to the environment."""
-        node = require_binary("node")
-        if not (NODE_DIR / "node_modules" / "pusher-js").is_dir():
-            message = "pusher-js is not installed: run scripts/install --test"
-            if IN_CI:
-                pytest.fail(message)
-            pytest.skip(message)
-        target = urlsplit(url or server.url)
-        args = [node, "pusher_client.mjs", str(target.hostname), str(target.port), KEY, SECRET]
-        tls = {"PUSHER_TLS": "1"} if target.scheme == "https" else {}
-        self.proc = subprocess.Popen(
-            [*args, *channels],
-            cwd=NODE_DIR,
-            env={**os.environ, **tls, **(env or {})},
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.seen: list[dict[str, Any]] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                self.lines.put(json.loads(line))
-            except ValueError:
-                self.lines.put({"type": "output", "text": line})
-
-    def wait_for(self, match: Callable[[dict[str, Any]], bool], what: str) -> dict[str, Any]:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                record = self.lines.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            self.seen.append(record)
-            if match(record):
-                return record
-        raise TimeoutError(f"pusher-js never reported {what}; it said: {self.seen}")
-
-    def stop(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.reader.join(10)
-        assert self.proc.stdout is not None
-        self.proc.stdout.close()
 
 
 @pytest.fixture
