@@ -4,20 +4,16 @@ step results and the stop reason of each scenario."""
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
 
 import pytest
 
-from agent_core.app.demo_tools import calculator, demo_driver, get_weather
+from agent_core.app.demo_tools import demo_driver
 from agent_core.builder import AgentBuilder
 from agent_core.continuation import ContinuationDecision, StopReason
 from agent_core.drivers.scripted import (
     ScriptedDriver,
     ScriptedFailure,
-    ScriptedResponse,
     ScriptedTurn,
     call,
 )
@@ -38,62 +34,15 @@ from agent_core.hooks import HookPoint
 from agent_core.messages import Role
 from agent_core.state import AgentState, AgentStatus
 from agent_core.steps import StepType
-from tests.agent_core.factories import TickingClock
+from tests.support.factories import (
+    MATH,
+    Run,
+    TickingClock,
+    calls,
+    say,
+)
 
 WEATHER = call("get_weather", "call_w", city="Oslo")
-MATH = call("calculator", "call_m", expression="6 * 7")
-
-
-def calls(*tool_calls: object) -> ScriptedResponse:
-    return ScriptedResponse(tool_calls=tuple(tool_calls))  # type: ignore[arg-type]
-
-
-def say(text: str) -> ScriptedResponse:
-    return ScriptedResponse(text=text)
-
-
-class Run:
-    """An agent with the two demo tools on a scripted driver, recording its events."""
-
-    def __init__(self, turns: Sequence[ScriptedTurn], builder: AgentBuilder | None = None):
-        self.events: list[AgentEvent] = []
-        self.tool_runs: list[str] = []
-        self.driver = ScriptedDriver(turns)
-        base = builder or AgentBuilder()
-        self.agent = (
-            base.with_driver(self.driver)
-            .with_tools(self._counted(get_weather), self._counted(calculator))
-            .with_clock(TickingClock())
-            .with_listener(self.events.append)
-            .build()
-        )
-
-    def _counted(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        """The tool function, recording each real run."""
-
-        @functools.wraps(function)
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.tool_runs.append(function.__name__)
-            return function(*args, **kwargs)
-
-        return counted
-
-    async def __call__(
-        self, start: str | AgentState = "What is the weather in Oslo?"
-    ) -> AgentState:
-        return await self.agent.run(start)
-
-    def types(self) -> list[str]:
-        """Event types, with runs of stream chunks collapsed to one entry."""
-        collapsed: list[str] = []
-        for event in self.events:
-            if event.type == "agent.stream.chunk" and collapsed[-1:] == ["agent.stream.chunk"]:
-                continue
-            collapsed.append(event.type)
-        return collapsed
-
-    def of(self, kind: type[AgentEvent]) -> list[AgentEvent]:
-        return [e for e in self.events if isinstance(e, kind)]
 
 
 async def test_two_tools_then_an_answer_completes() -> None:

@@ -31,7 +31,7 @@ from agent_core.drivers.openai import OpenAIChatDriver, OpenAISettings
 from agent_core.errors import ErrorType, ModelError, ModelTimeoutError, RateLimitError
 from agent_core.messages import Message, ToolCall
 from agent_core.state import AgentStatus
-from tests.agent_core.test_openai_driver import chunk, sse, text, tool
+from tests.support.openai_api import chunk, sse, text, tool
 from tests.support.threaded import served_in_thread
 
 pytestmark = pytest.mark.timeout(30)

@@ -24,8 +24,7 @@ from agent_core.hooks import HookPoint
 from agent_core.messages import Message, ToolCall
 from agent_core.slim import SlimAgentStateSerializer
 from agent_core.state import AgentState, AgentStatus, ExecutionState
-from tests.agent_core.factories import T0
-from tests.agent_core.test_agent_loop import MATH, Run, calls, say
+from tests.support.factories import MATH, T0, Run, calls, say
 
 F, A, R, S = (
     ContinuationDecision.FORBID,

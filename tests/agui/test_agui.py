@@ -16,7 +16,7 @@ from pydantic import TypeAdapter
 from agent_core.app.agui import CONTINUATION_EVENT, AguiMapper, InvalidInput, run_request
 from broadcaster import envelope as env
 from tests.support.live import Client, LiveServer, StartServer, wait_for
-from tests.wire.test_runs import read_run, subscribe
+from tests.support.runs import read_run, subscribe
 
 JSON = {"content-type": "application/json"}  # run-start doors take only JSON (415)
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.live import Client, StartServer
 from tests.support.node import run_node_script
-from tests.wire.test_runs import read_run, subscribe
+from tests.support.runs import read_run, subscribe
 
 pytestmark = pytest.mark.node
 

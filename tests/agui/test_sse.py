@@ -27,10 +27,10 @@ from broadcaster.sse import (
     decode,
     encode_event,
 )
-from tests.agui.conftest import SseEvent, SseReader, is_final, read_until_final, sse
 from tests.support.live import KEY, SECRET, Client, LiveServer, StartServer
 from tests.support.processes import RedisServer, ServerProcess
-from tests.wire.test_runs import read_run, start_run, subscribe
+from tests.support.runs import read_run, start_run, subscribe
+from tests.support.sse import SseEvent, SseReader, is_final, read_until_final, sse
 
 VALIDATOR = jsonschema.Draft202012Validator(json_schema())
 Connect = Callable[..., Awaitable[Client]]

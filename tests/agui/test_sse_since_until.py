@@ -8,8 +8,8 @@ import json
 import httpx
 import pytest
 
-from tests.agui.conftest import SseEvent, is_final, sse
 from tests.support.live import LiveServer, StartServer
+from tests.support.sse import SseEvent, is_final, sse
 
 
 def parse(text: str) -> list[SseEvent]:

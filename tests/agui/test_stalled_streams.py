@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from broadcaster.signing import signed_params
-from tests.reliability.helpers import eventually, metrics
 from tests.support.live import APP_ID, KEY, SECRET, StartServer
 from tests.support.processes import ServerProcess
+from tests.support.reliability import eventually, metrics
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -15,7 +15,7 @@ import pytest
 
 from broadcaster.client import Resume, create_run_view, reconcile, reduce_run, watch_session
 from tests.support.processes import REPO, RedisServer, ServerFactory, ServerProcess, free_port
-from tests.wire.test_worker import WorkerProcess
+from tests.support.worker import WorkerProcess
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 PREFIX = "client-failover"

@@ -28,9 +28,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from broadcaster.envelope import channel_for
-from tests.integrations.fake_openai_model import ScriptedModel, call, text
-from tests.integrations.graphs import weather_model
+from tests.support.graphs import weather_model
 from tests.support.live import Client, LiveServer, StartServer
+from tests.support.openai_agents_model import ScriptedModel, call, text
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("docs/*.md"))]

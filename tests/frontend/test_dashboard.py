@@ -12,7 +12,7 @@ import json
 import re
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -20,52 +20,20 @@ import pytest
 from playwright.sync_api import APIResponse, Browser, Page, Route, expect
 from websockets.sync.client import connect
 
-from tests.frontend.proxy import CuttableProxy
+from tests.support.pages import (
+    WAIT_MS,
+    screenshot,
+    start_run,
+)
 from tests.support.processes import RedisServer, ServerFactory, ServerProcess, free_port
+from tests.support.proxy import CuttableProxy
 
 pytestmark = pytest.mark.browser
 
 # The scripted demo agent (agent_core.app.demo_tools.demo_script): three steps.
 STEPS = 3
 TOOL_CALLS = {1: ["call_weather_1"], 2: ["call_calc_1"], 3: []}
-WAIT_MS = 20_000
 STATE_URL = re.compile(r"/api/sessions/[^/]+/state$")
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    yield page
-    context.close()
-    assert not errors, f"JavaScript errors on the page: {errors}"
-
-
-def screenshot(page: Page, folder: Path, name: str) -> None:
-    """Save the page at 1280x800 and at 390 px wide (full page) as artifacts."""
-    page.set_viewport_size({"width": 1280, "height": 800})
-    page.screenshot(path=folder / f"{name}-1280x800.png")
-    page.set_viewport_size({"width": 390, "height": 844})
-    page.screenshot(path=folder / f"{name}-390.png", full_page=True)
-    page.set_viewport_size({"width": 1280, "height": 800})
-
-
-def start_run(
-    page: Page, url: str, question: str, pace: str = "40", max_steps: str | None = None
-) -> str:
-    """Open the dashboard, start a run from the input box; returns the session id."""
-    page.goto(url + "/")
-    expect(page.locator("body")).to_have_attribute("data-ready", "true", timeout=WAIT_MS)
-    page.get_by_label("Ask the agent").fill(question)
-    page.get_by_label("Pace").select_option(pace)
-    if max_steps is not None:
-        page.get_by_label("Step limit").select_option(max_steps)
-    page.get_by_role("button", name="Start run").click()
-    session = page.locator("#session-id")
-    expect(session).not_to_have_text("—", timeout=WAIT_MS)
-    return session.inner_text().strip()
 
 
 def expect_complete_run(page: Page, city: str) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.frontend.test_dashboard import WAIT_MS, page, screenshot, start_run  # noqa: F401
+from tests.support.pages import WAIT_MS, screenshot, start_run
 from tests.support.processes import ServerProcess
 
 pytestmark = pytest.mark.browser
@@ -25,7 +25,7 @@ def demo() -> Iterator[ServerProcess]:
 
 
 def test_the_page_says_the_agent_is_scripted_and_labels_each_modes_step_limit(
-    page: Page,  # noqa: F811
+    page: Page,
     demo: ServerProcess,
 ) -> None:
     page.goto(demo.url + "/")
@@ -46,7 +46,7 @@ def test_the_page_says_the_agent_is_scripted_and_labels_each_modes_step_limit(
 
 
 def test_the_page_explains_which_criterion_won_and_by_which_rule(
-    page: Page,  # noqa: F811
+    page: Page,
     demo: ServerProcess,
     artifacts: Path,
 ) -> None:
@@ -78,7 +78,7 @@ def test_the_page_explains_which_criterion_won_and_by_which_rule(
 
 
 def test_a_routed_run_whose_capability_failed_is_failed_and_in_sync(
-    page: Page,  # noqa: F811
+    page: Page,
     demo: ServerProcess,
 ) -> None:
     page.goto(demo.url + "/")

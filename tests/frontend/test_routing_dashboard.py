@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.frontend.test_dashboard import WAIT_MS, page, screenshot  # noqa: F401
+from tests.support.pages import WAIT_MS, screenshot
 from tests.support.processes import ServerProcess
 
 pytestmark = pytest.mark.browser
@@ -25,7 +25,7 @@ def start(tab: Page, url: str, question: str, mode: str) -> None:
 
 
 def test_a_routed_run_shows_its_capability_intent_confidence_and_decider_verdict(
-    page: Page,  # noqa: F811
+    page: Page,
     demo_server: ServerProcess,
     artifacts: Path,
 ) -> None:

@@ -28,9 +28,9 @@ from agent_core.integrations.pydantic_ai import broadcast_pydantic_ai
 from agent_core.slim import SlimSerializationConfig
 from broadcaster.envelope import Envelope
 from broadcaster.publishers import RecordingPublisher
-from tests.integrations.fake_openai_model import ScriptedModel, call, text
-from tests.integrations.graphs import broken_tool_graph, weather_graph
-from tests.integrations.runs import ANSWER, QUESTION, RUNS, openai_agent, pydantic_agent
+from tests.support.framework_runs import ANSWER, QUESTION, RUNS, openai_agent, pydantic_agent
+from tests.support.graphs import broken_tool_graph, weather_graph
+from tests.support.openai_agents_model import ScriptedModel, call, text
 
 TRACE = AdapterOptions(include_continuation_trace=True)
 SEED_004_TYPES = {"tool_execution", "final", "error"}

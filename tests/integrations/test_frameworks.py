@@ -22,7 +22,14 @@ from agent_core.integrations.openai_agents import broadcast_openai_agents
 from agent_core.integrations.pydantic_ai import broadcast_pydantic_ai
 from broadcaster.envelope import Envelope, channel_for, json_schema
 from broadcaster.publishers import BackendStateStore, PusherHTTPPublisher, RecordingPublisher
-from tests.integrations.runs import ANSWER, CALL_IDS, QUESTION, RUNS, openai_agent
+from tests.support.framework_runs import (
+    ANSWER,
+    CALL_IDS,
+    QUESTION,
+    RUNS,
+    envelopes_on,
+    openai_agent,
+)
 from tests.support.live import APP_ID, KEY, SECRET, Client, StartServer
 
 FRAMEWORKS = sorted(RUNS)
@@ -159,27 +166,13 @@ async def test_an_openai_run_over_its_turn_limit_stops_like_agent_cores_step_lim
 
 
 async def test_a_run_without_streaming_publishes_the_whole_text() -> None:
-    from tests.integrations.runs import _pydantic_reply
+    from tests.support.framework_runs import _pydantic_reply
 
     publisher = RecordingPublisher()
     agent = Agent(FunctionModel(_pydantic_reply), name="plain")
     await broadcast_pydantic_ai(agent, QUESTION, publisher, "fw-1", stream=False)
     chunks = payloads(publisher.envelopes(), "agent.stream.chunk")
     assert "".join(c.chunk for c in chunks) == ANSWER
-
-
-async def envelopes_on(client: Client, within: float = 10) -> list[dict[str, Any]]:
-    got: list[dict[str, Any]] = []
-    while True:
-        message = await client.recv(within)
-        if not message["event"].startswith("agent."):
-            continue
-        got.append(message["data"])
-        if message["event"] == "agent.status" and message["data"]["payload"]["status"] in (
-            "completed",
-            "failed",
-        ):
-            return got
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

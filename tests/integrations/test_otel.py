@@ -18,7 +18,7 @@ from agent_core.builder import AgentBuilder
 from agent_core.integrations.otel import EnvelopeTracer, TracingPublisher, otlp_tracer_provider
 from broadcaster import envelope as env
 from broadcaster.publishers import RecordingPublisher
-from tests.integrations.runs import RUNS
+from tests.support.framework_runs import RUNS
 
 
 @pytest.fixture

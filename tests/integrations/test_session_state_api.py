@@ -17,8 +17,7 @@ from redis.asyncio import Redis
 from broadcaster.envelope import channel_for
 from broadcaster.publishers import InProcessPublisher, PusherHTTPPublisher, RedisPublisher
 from broadcaster.signing import signed_params
-from tests.integrations.runs import ANSWER, CALL_IDS, QUESTION, RUNS
-from tests.integrations.test_frameworks import envelopes_on
+from tests.support.framework_runs import ANSWER, CALL_IDS, QUESTION, RUNS, envelopes_on
 from tests.support.live import APP_ID, KEY, SECRET, Client, LiveServer, StartServer
 from tests.support.processes import RedisServer, ServerFactory, ServerProcess
 

@@ -16,9 +16,9 @@ from agent_core.app.vercel_ai import UIMessageStreamMapper, encode_chunk
 from broadcaster import envelope as env
 from broadcaster.publishers import BackendStateStore, PusherHTTPPublisher, RecordingPublisher
 from broadcaster.sessions import private_channel, stream_auth
-from tests.integrations.runs import ANSWER, RUNS
+from tests.support.framework_runs import ANSWER, RUNS
 from tests.support.live import APP_ID, KEY, SECRET, Client, StartServer
-from tests.wire.test_runs import start_run, subscribe
+from tests.support.runs import start_run, subscribe
 
 JSON = {"content-type": "application/json"}  # run-start doors take only JSON (415)
 

@@ -15,7 +15,7 @@ from agent_core.app.vercel_ai import UIMessageStreamMapper
 from broadcaster.envelope import parse_envelope
 from tests.support.live import Client, StartServer
 from tests.support.node import run_node_script
-from tests.wire.test_runs import start_run, subscribe
+from tests.support.runs import start_run, subscribe
 
 pytestmark = pytest.mark.node
 

@@ -31,8 +31,8 @@ from agent_core.orchestrators.process_serialization import (
 )
 from agent_core.orchestrators.turns import ActorReply, ModelSelector, Turn
 from agent_core.state import AgentStatus
-from tests.agent_core.factories import TickingClock
-from tests.orchestrators.support import Recorder
+from tests.support.factories import TickingClock
+from tests.support.orchestration import Recorder
 
 
 def say(text: str) -> ScriptedResponse:

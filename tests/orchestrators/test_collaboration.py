@@ -26,8 +26,8 @@ from agent_core.orchestrators.process_serialization import (
 from agent_core.orchestrators.turns import ActorReply, ModelSelector
 from agent_core.serialization import SerializationError
 from agent_core.state import AgentStatus
-from tests.agent_core.factories import TickingClock
-from tests.orchestrators.support import Recorder
+from tests.support.factories import TickingClock
+from tests.support.orchestration import Recorder
 
 
 def collaboration(*collaborators: object, **options: object) -> tuple[Collaboration, Recorder]:

@@ -30,9 +30,9 @@ from agent_core.orchestrators.stepbystep import StepByStep
 from agent_core.orchestrators.tooluse import ToolUse
 from broadcaster.envelope import Envelope
 from broadcaster.publishers import InProcessPublisher, PusherHTTPPublisher, RecordingPublisher
-from tests.agent_core.factories import TickingClock
-from tests.orchestrators.support import valid
+from tests.support.factories import TickingClock
 from tests.support.live import APP_ID, KEY, SECRET, Client, StartServer
+from tests.support.orchestration import valid
 
 TRACE = AdapterOptions(include_continuation_trace=True)
 

@@ -23,8 +23,8 @@ from agent_core.orchestrators.process_serialization import SlimProcessStateSeria
 from agent_core.orchestrators.stepbystep import StepByStep
 from agent_core.orchestrators.tooluse import ToolUse, ToolUseState
 from agent_core.state import AgentStatus
-from tests.agent_core.factories import TickingClock
-from tests.orchestrators.support import Recorder
+from tests.support.factories import TickingClock
+from tests.support.orchestration import Recorder
 
 
 def failing() -> ScriptedDriver:

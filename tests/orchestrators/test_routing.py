@@ -42,8 +42,8 @@ from agent_core.orchestrators.routing.memory import (
 )
 from agent_core.orchestrators.routing.router import CapabilityRouter, RoutingState
 from agent_core.state import AgentStatus
-from tests.agent_core.factories import TickingClock
-from tests.orchestrators.support import Recorder
+from tests.support.factories import TickingClock
+from tests.support.orchestration import Recorder
 
 WEATHER = Rule("get_weather", r"weather (?:in|for) (?P<city>[A-Z]\w+)")
 MATH = Rule("calculator", r"(?:compute|calculate) (?P<expression>.+)")

@@ -33,8 +33,8 @@ from agent_core.orchestrators.stepbystep import (
 )
 from agent_core.orchestrators.turns import ActorReply, TurnStep
 from agent_core.state import AgentStatus
-from tests.agent_core.factories import T0, TickingClock
-from tests.orchestrators.support import Recorder
+from tests.support.factories import T0, TickingClock
+from tests.support.orchestration import Recorder
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,8 +17,8 @@ from agent_core.orchestrators.tooluse import ToolUse, ToolUseState
 from agent_core.serialization import SerializationError
 from agent_core.slim import SlimSerializationConfig
 from agent_core.state import AgentStatus
-from tests.agent_core.factories import TickingClock
-from tests.orchestrators.support import Recorder
+from tests.support.factories import TickingClock
+from tests.support.orchestration import Recorder
 
 
 def tool_use(driver: ScriptedDriver, **options: object) -> tuple[ToolUse, Recorder]:

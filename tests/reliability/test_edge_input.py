@@ -18,8 +18,8 @@ from broadcaster.app import create_app
 from broadcaster.codes import ErrorCode
 from broadcaster.node import Node
 from broadcaster.settings import load_settings
-from tests.reliability.helpers import signed_query
 from tests.support.live import APP_ID, KEY, Client, LiveServer, StartServer
+from tests.support.reliability import signed_query
 
 Connect = Callable[..., Awaitable[Client]]
 DIGITS = "7" * 5000

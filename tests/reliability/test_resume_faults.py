@@ -30,7 +30,6 @@ from redis.exceptions import OutOfMemoryError
 from broadcaster.backends.base import HistoryResult
 from broadcaster.backends.memory import MemoryBackend
 from broadcaster.publication import Position
-from tests.reliability.helpers import WS_PATH, eventually, publish, report, status
 from tests.support.live import APP_ID, KEY, Client, StartServer
 from tests.support.node import NodeLines
 from tests.support.processes import (
@@ -38,6 +37,7 @@ from tests.support.processes import (
     ServerFactory,
     ServerProcess,
 )
+from tests.support.reliability import WS_PATH, eventually, publish, report, status
 from tests.support.topologies import command
 
 CHANNEL = "agent.resume-fault"

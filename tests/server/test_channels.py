@@ -13,15 +13,18 @@ import pytest
 import websockets
 
 from broadcaster.signing import channel_auth, user_auth
-from tests.support.live import APP_ID, KEY, SECRET, Client, LiveServer, StartServer, write_apps
+from tests.support.live import (
+    APP_ID,
+    KEY,
+    SECRET,
+    Client,
+    LiveServer,
+    StartServer,
+    presence_fields,
+    write_apps,
+)
 
 Connect = Callable[..., Awaitable[Client]]
-
-
-def presence_fields(client: Client, channel: str, user_id: str, **info: object) -> dict[str, str]:
-    channel_data = json.dumps({"user_id": user_id, "user_info": info})
-    auth = channel_auth(KEY, SECRET, client.socket_id, channel, channel_data)
-    return {"auth": auth, "channel_data": channel_data}
 
 
 async def sync(client: Client) -> None:

@@ -15,9 +15,9 @@ import pytest
 import websockets
 from redis.asyncio import Redis
 
-from tests.reliability.helpers import eventually, report
 from tests.support.live import Client, StartServer, wait_for, write_apps
 from tests.support.processes import RedisServer, ServerFactory
+from tests.support.reliability import eventually, report
 
 pytestmark = pytest.mark.redis
 Connect = Callable[..., Awaitable[Client]]

@@ -23,9 +23,9 @@ from websockets.frames import Close
 from broadcaster import envelope as env
 from broadcaster.publication import Position
 from broadcaster.publishers import BufferedPublisher, PusherHTTPPublisher, RedisPublisher
-from tests.agui.conftest import SseReader, sse
 from tests.support.live import APP_ID, KEY, SECRET, Client, LiveServer, StartServer, write_apps
 from tests.support.processes import RedisServer
+from tests.support.sse import SseReader, sse
 
 Connect = Callable[..., Awaitable[Client]]
 

@@ -18,9 +18,6 @@ from redis.asyncio import Redis
 from broadcaster.backends.base import BackendUnavailable, HistoryResult
 from broadcaster.backends.memory import MemoryBackend
 from broadcaster.publication import Position
-from tests.agui.conftest import sse
-from tests.reliability.helpers import report
-from tests.server.test_channels import presence_fields
 from tests.support.live import (
     APP_ID,
     KEY,
@@ -28,10 +25,13 @@ from tests.support.live import (
     Client,
     LiveServer,
     StartServer,
+    presence_fields,
     wait_for,
     write_apps,
 )
 from tests.support.processes import RedisServer
+from tests.support.reliability import report
+from tests.support.sse import sse
 
 Connect = Callable[..., Awaitable[Client]]
 

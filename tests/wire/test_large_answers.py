@@ -16,20 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.agent_core.test_openai_driver import (  # noqa: F401
-    API_KEY,
-    FakeChatAPI,
-    Reply,
-    api,
-    chunk,
-    sse,
-    text,
-    usage,
-)
-from tests.agui.conftest import SseReader
-from tests.agui.conftest import sse as open_sse
 from tests.support.live import Client
+from tests.support.openai_api import API_KEY, FakeChatAPI, Reply, chunk, sse, text, usage
 from tests.support.processes import ServerFactory
+from tests.support.sse import SseReader
+from tests.support.sse import sse as open_sse
 
 Connect = Callable[..., Awaitable[Client]]
 
@@ -98,7 +89,7 @@ async def watch_sse(reader: SseReader, resumed: bool) -> View:
 async def test_every_viewer_gets_every_chunk_of_a_large_answer(
     deltas: int,
     length: int,
-    api: FakeChatAPI,  # noqa: F811
+    api: FakeChatAPI,
     server_factory: ServerFactory,
     clients: Connect,
 ) -> None:

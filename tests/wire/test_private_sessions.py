@@ -11,7 +11,11 @@ import httpx
 import pytest
 
 from tests.support.live import Client, LiveServer, StartServer
-from tests.wire.test_runs import read_run, start_run
+from tests.support.runs import (
+    authorise,
+    read_run,
+    start_run,
+)
 
 Connect = Callable[..., Awaitable[Client]]
 
@@ -20,12 +24,6 @@ Connect = Callable[..., Awaitable[Client]]
 async def private_demo(start_server: StartServer, monkeypatch: pytest.MonkeyPatch) -> LiveServer:
     monkeypatch.setenv("AGENT_DEMO_PRIVATE_SESSIONS", "true")
     return await start_server(demo=True)
-
-
-async def authorise(live: LiveServer, socket_id: str, channel: str, token: str) -> httpx.Response:
-    fields = {"socket_id": socket_id, "channel_name": channel, "session_token": token}
-    async with httpx.AsyncClient() as http:
-        return await http.post(f"{live.url}/broadcasting/auth", data=fields)
 
 
 async def finished_private_run(live: LiveServer, clients: Connect) -> dict[str, Any]:

@@ -12,11 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.reliability.helpers import eventually
 from tests.support.live import Client, StartServer
 from tests.support.processes import ServerProcess
-from tests.wire.test_routed_runs import phases, routed, tool
-from tests.wire.test_runs import Event
+from tests.support.reliability import eventually
+from tests.support.runs import Event, phases, routed, tool
 
 Connect = Callable[..., Awaitable[Client]]
 

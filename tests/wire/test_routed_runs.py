@@ -23,52 +23,20 @@ from agent_core.orchestrators.routing.memory import SessionMemory
 from agent_core.orchestrators.routing.router import CapabilityRouter
 from broadcaster.envelope import Envelope
 from broadcaster.publishers import RecordingPublisher
-from tests.agent_core.test_openai_driver import (  # noqa: F401
-    API_KEY,
-    FakeChatAPI,
-    Reply,
-    api,
-    sse,
-    text,
-    usage,
-)
-from tests.orchestrators.support import valid
 from tests.support.live import Client
+from tests.support.openai_api import API_KEY, FakeChatAPI, Reply, sse, text, usage
+from tests.support.orchestration import valid
 from tests.support.processes import ServerFactory
-from tests.wire.test_runs import Event, read_run, start_run, subscribe
+from tests.support.runs import (
+    ROUTED_RUN,
+    phases,
+    read_run,
+    routed,
+    start_run,
+    tool,
+)
 
 Connect = Callable[..., Awaitable[Client]]
-
-ROUTED_RUN = [
-    ("agent.status", None),
-    ("agent.tool.started", "intent_classifier"),
-    ("agent.tool.completed", "intent_classifier"),
-    ("agent.step.started", None),
-    ("agent.tool.started", "weather_agent"),
-    ("agent.tool.completed", "weather_agent"),
-    ("agent.tool.started", "continuation_decider"),
-    ("agent.tool.completed", "continuation_decider"),
-    ("agent.continuation", None),
-    ("agent.step.completed", None),
-    ("agent.tool.started", "session_memory"),
-    ("agent.tool.completed", "session_memory"),
-    ("agent.status", None),
-]
-
-
-def phases(events: list[Event]) -> list[tuple[str, str | None]]:
-    return [(kind, payload.get("tool_name")) for _, kind, payload in events]
-
-
-def tool(events: list[Event], kind: str, name: str) -> dict[str, Any]:
-    payload: dict[str, Any] = next(p for _, k, p in events if k == kind and p["tool_name"] == name)
-    return payload
-
-
-async def routed(url: str, client: Client, **body: Any) -> tuple[dict[str, Any], list[Event]]:
-    run = await start_run(url, **body)
-    await subscribe(client, run["channel"], run["position"])
-    return run, await read_run(client)
 
 
 async def test_a_routed_run_shows_each_phase_in_order(
@@ -280,7 +248,7 @@ async def test_modes_can_alternate_on_one_session(first_mode: str) -> None:
 
 
 async def test_with_the_openai_driver_the_model_classifies_and_answers(
-    api: FakeChatAPI,  # noqa: F811
+    api: FakeChatAPI,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """AGENT_DEMO_DRIVER=openai: the classifier and the capability call the

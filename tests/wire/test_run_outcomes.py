@@ -18,7 +18,7 @@ from agent_core.state import AgentState, AgentStatus
 from broadcaster.envelope import json_schema
 from broadcaster.publishers import RecordingPublisher
 from tests.support.live import StartServer
-from tests.wire.test_runs import Connect, Event, full_run, read_run, start_run, subscribe
+from tests.support.runs import Connect, Event, full_run, read_run, start_run, subscribe
 
 VALIDATOR = jsonschema.Draft202012Validator(json_schema())
 

@@ -19,8 +19,7 @@ from agent_core.app.demo import _Demo
 from broadcaster.backends.memory import MemoryBackend
 from tests.support.live import Client, LiveServer, StartServer
 from tests.support.processes import RedisServer
-from tests.wire.test_private_sessions import authorise
-from tests.wire.test_runs import read_run
+from tests.support.runs import authorise, read_run
 
 Connect = Callable[..., Awaitable[Client]]
 Expire = Callable[[str], Awaitable[None]]

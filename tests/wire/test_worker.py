@@ -3,15 +3,7 @@ a client on yet another server process follows the run and reconciles it."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import os
-import signal
-import subprocess
-import sys
-import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
 
 import httpx
 import orjson
@@ -19,68 +11,20 @@ import pytest
 from redis.asyncio import Redis
 
 from agent_core.app.runs import RunRequest
-from agent_core.app.worker import RunQueue, Worker
+from agent_core.app.worker import RunQueue
 from broadcaster.publishers import state_key
-from tests.reliability.helpers import eventually
 from tests.support.live import Client
-from tests.support.processes import REPO, RedisServer, ServerFactory
-from tests.wire.test_routed_runs import ROUTED_RUN, phases
-from tests.wire.test_runs import read_run, start_run, subscribe
+from tests.support.processes import RedisServer, ServerFactory
+from tests.support.reliability import eventually
+from tests.support.runs import ROUTED_RUN, phases, read_run, start_run, subscribe
+from tests.support.worker import (
+    PREFIX,
+    WorkerProcess,
+    consuming_worker,
+)
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 Connect = Callable[..., Awaitable[Client]]
-PREFIX = "wire-worker"
-
-
-class WorkerProcess:
-    """``python -m agent_core.app.worker`` in a child process (ready when it says so)."""
-
-    def __init__(
-        self, redis_url: str, prefix: str = PREFIX, env: dict[str, str] | None = None
-    ) -> None:
-        args = ["--redis", redis_url, "--redis-prefix", prefix, "--concurrency", "4"]
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agent_core.app.worker", *args],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-        )
-        self.lines: list[str] = []
-        self.ready = threading.Event()
-        self._drainer = threading.Thread(target=self._drain, daemon=True)
-        self._drainer.start()
-
-    def _drain(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            if line.startswith("agent-worker ready"):
-                self.ready.set()
-
-    def started(self) -> WorkerProcess:
-        assert self.ready.wait(20), "".join(self.lines)
-        return self
-
-    def kill(self) -> None:
-        """SIGKILL, as a crash (or the OOM killer) would."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-        self._close()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(15)
-        self._close()
-        return code
-
-    def _close(self) -> None:
-        self._drainer.join(10)
-        assert self.proc.stdout is not None
-        self.proc.stdout.close()
 
 
 @pytest.fixture
@@ -183,30 +127,6 @@ async def test_a_completed_queued_run_leaves_no_bookkeeping_in_redis(
 
 async def _empty(keys: Callable[[], Awaitable[list[str]]]) -> bool:
     return await keys() == []
-
-
-@contextlib.asynccontextmanager
-async def consuming_worker(
-    redis_server: RedisServer, prefix: str, **options: Any
-) -> AsyncIterator[tuple[Redis, RunQueue, Worker]]:
-    """A queue and a worker with ``options`` consuming it, on ``prefix``; stopped (its
-    runs finished) and closed afterwards."""
-    redis = Redis.from_url(redis_server.url)
-
-    async def no_position(channel: str) -> None:
-        return None
-
-    queue = RunQueue(Redis.from_url(redis_server.url), "1", no_position, prefix=prefix)
-    worker = Worker(redis, "1", prefix=prefix, **options)
-    stop = asyncio.Event()
-    consuming = asyncio.create_task(worker.run_forever(stop))
-    try:
-        yield redis, queue, worker
-    finally:
-        stop.set()
-        await consuming
-        await queue.aclose()
-        await redis.aclose()
 
 
 async def test_a_worker_that_lost_its_lease_stops_the_run(redis_server: RedisServer) -> None:

@@ -14,9 +14,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from agent_core.app.runs import RunRequest
 from agent_core.app.worker import RunQueue, Worker
 from broadcaster.publishers import state_key
-from tests.reliability.helpers import eventually
 from tests.support.processes import RedisServer
-from tests.wire.test_worker import consuming_worker
+from tests.support.reliability import eventually
+from tests.support.worker import consuming_worker
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

@@ -11,8 +11,8 @@ from redis.crc import key_slot
 from agent_core.app.worker._scripts import _Keys
 from broadcaster.backends.redis import claim_key
 from tests.support.processes import ServerFactory
-from tests.wire.test_runs import read_run, start_run, subscribe
-from tests.wire.test_worker import Connect, WorkerProcess
+from tests.support.runs import Connect, read_run, start_run, subscribe
+from tests.support.worker import WorkerProcess
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""In-process servers, Pusher clients and a small SSE reader for the AG-UI and SSE tests."""
+"""A small SSE reader (the AG-UI and feed tests read streams with it)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-
-from tests.server.conftest import clients, live, start_server  # noqa: F401
 
 
 @dataclass

@@ -17,8 +17,9 @@ from agent_core.integrations.langgraph import broadcast_langgraph
 from agent_core.integrations.openai_agents import broadcast_openai_agents
 from agent_core.integrations.pydantic_ai import broadcast_pydantic_ai
 from broadcaster.publishers import Publisher, StateStore
-from tests.integrations.fake_openai_model import ScriptedModel, call, text
-from tests.integrations.graphs import weather_graph
+from tests.support.graphs import weather_graph
+from tests.support.live import Client
+from tests.support.openai_agents_model import ScriptedModel, call, text
 
 QUESTION = "What is the weather in Oslo?"
 ANSWER = "It is sunny in Oslo today."
@@ -110,3 +111,17 @@ RUNS: dict[str, Runner] = {
 }
 CALL_IDS = {"pydantic-ai": "call_p1", "openai-agents": "call_o1", "langgraph": "call_w1"}
 __all__ = ["ANSWER", "CALL_IDS", "QUESTION", "RUNS", "AdapterOptions", "StateStore"]
+
+
+async def envelopes_on(client: Client, within: float = 10) -> list[dict[str, Any]]:
+    got: list[dict[str, Any]] = []
+    while True:
+        message = await client.recv(within)
+        if not message["event"].startswith("agent."):
+            continue
+        got.append(message["data"])
+        if message["event"] == "agent.status" and message["data"]["payload"]["status"] in (
+            "completed",
+            "failed",
+        ):
+            return got

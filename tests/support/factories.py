@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import functools
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+from agent_core.app.demo_tools import calculator, get_weather
+from agent_core.builder import AgentBuilder
 from agent_core.continuation import ContinuationOutcome
+from agent_core.drivers.scripted import (
+    ScriptedDriver,
+    ScriptedResponse,
+    ScriptedTurn,
+    call,
+)
 from agent_core.errors import ErrorType
+from agent_core.events import (
+    AgentEvent,
+)
 from agent_core.messages import FinishReason, Message, ToolCall, Usage
 from agent_core.state import AgentState
 from agent_core.steps import AgentStep, StepError, StepExecution
@@ -96,3 +109,58 @@ def state_after(steps: Sequence[AgentStep], *, execution_id: str = "run-1") -> A
 def judged(previous: Sequence[AgentStep], pending: AgentStep) -> AgentState:
     """The transition state criteria see: ``previous`` recorded, ``pending`` pending."""
     return state_after(previous).begin_step(T0, pending.id).record_step(pending)
+
+
+MATH = call("calculator", "call_m", expression="6 * 7")
+
+
+def calls(*tool_calls: object) -> ScriptedResponse:
+    return ScriptedResponse(tool_calls=tuple(tool_calls))  # type: ignore[arg-type]
+
+
+def say(text: str) -> ScriptedResponse:
+    return ScriptedResponse(text=text)
+
+
+class Run:
+    """An agent with the two demo tools on a scripted driver, recording its events."""
+
+    def __init__(self, turns: Sequence[ScriptedTurn], builder: AgentBuilder | None = None):
+        self.events: list[AgentEvent] = []
+        self.tool_runs: list[str] = []
+        self.driver = ScriptedDriver(turns)
+        base = builder or AgentBuilder()
+        self.agent = (
+            base.with_driver(self.driver)
+            .with_tools(self._counted(get_weather), self._counted(calculator))
+            .with_clock(TickingClock())
+            .with_listener(self.events.append)
+            .build()
+        )
+
+    def _counted(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """The tool function, recording each real run."""
+
+        @functools.wraps(function)
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.tool_runs.append(function.__name__)
+            return function(*args, **kwargs)
+
+        return counted
+
+    async def __call__(
+        self, start: str | AgentState = "What is the weather in Oslo?"
+    ) -> AgentState:
+        return await self.agent.run(start)
+
+    def types(self) -> list[str]:
+        """Event types, with runs of stream chunks collapsed to one entry."""
+        collapsed: list[str] = []
+        for event in self.events:
+            if event.type == "agent.stream.chunk" and collapsed[-1:] == ["agent.stream.chunk"]:
+                continue
+            collapsed.append(event.type)
+        return collapsed
+
+    def of(self, kind: type[AgentEvent]) -> list[AgentEvent]:
+        return [e for e in self.events if isinstance(e, kind)]
