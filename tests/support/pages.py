@@ -1,5 +1,5 @@
 """Helpers of the Chromium page tests (``page`` is a fixture in
-tests/frontend/conftest.py)."""
+tests/e2e/frontend/conftest.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The per-address connection limit behind a trusted proxy (issue 29, point 4), in
 process: a trusted peer's requests count as the clients it forwards for, a refused
 WebSocket upgrade is not upgraded after its 429, and an untrusted peer's forwarding
-headers change nothing. Through a real nginx with TLS: tests/server/test_nginx.py."""
+headers change nothing. Through a real nginx with TLS: tests/e2e/server/test_nginx.py."""
 
 from __future__ import annotations
 

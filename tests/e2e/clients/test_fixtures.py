@@ -21,7 +21,7 @@ from broadcaster.client import (
     reduce_run,
 )
 
-FOLDER = Path(__file__).resolve().parents[1] / "fixtures" / "runs"
+FOLDER = Path(__file__).resolve().parents[2] / "fixtures" / "runs"
 FIXTURES = {
     path.stem: json.loads(path.read_text("utf-8")) for path in sorted(FOLDER.glob("*.json"))
 }

@@ -200,7 +200,7 @@ async def test_a_missed_publication_larger_than_the_buffer_is_resumed_whole(
     """A frame larger than the whole buffer is sent once nothing else is unsent (the
     limit counts what is queued beyond it), followed by the resume answer: the client
     gets it and ``recovered: true``, not a ``recovered: false`` for a history that has
-    every publication (see tests/server/test_large_publications.py for live viewers)."""
+    every publication (see tests/e2e/server/test_large_publications.py for live viewers)."""
     live = await start_server(max_buffer_bytes=SMALL_BUFFER)
     channel = "agent.huge"
     start = await live.node.backend.position(APP_ID, channel)

@@ -32,7 +32,7 @@ from tests.support.graphs import weather_model
 from tests.support.live import Client, LiveServer, StartServer
 from tests.support.openai_agents_model import ScriptedModel, call, text
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DOCUMENTS = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("docs/*.md"))]
 DOC_URL = "http://127.0.0.1:8080"
 FENCE = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)

@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 
 from agent_core.integrations.pydantic_ai import broadcast_pydantic_ai
 from broadcaster.publishers import PusherHTTPPublisher, RedisStateStore
-from tests.frontend.conftest import artifacts, browser  # noqa: F401
+from tests.e2e.frontend.conftest import artifacts, browser  # noqa: F401
 from tests.support.framework_runs import ANSWER, QUESTION, RUNS, pydantic_agent
 from tests.support.processes import RedisServer, ServerFactory, ServerProcess
 
