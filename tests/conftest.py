@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,11 +18,41 @@ from broadcaster.backends.base import Backend
 from broadcaster.node import Node
 from broadcaster.server import http_protocol, ws_max_size
 from broadcaster.settings import load_settings
+from tests.support import quick
 from tests.support.live import Client, LiveServer, QuietServer, StartServer, wait_for
 from tests.support.openai_api import FakeChatAPI
 from tests.support.processes import RedisServer, ServerFactory, ServerProcess
 from tests.support.threaded import served_in_thread
 from tests.support.topologies import ClusterTopology, SentinelTopology
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--quick",
+        action="store_true",
+        default=False,
+        help="only the I/O-free unit tests (tests/support/quick.py): sockets and "
+        "processes are refused",
+    )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if config.getoption("quick") and quick.outside_the_tier(collection_path):
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("quick"):
+        quick.select(config, items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session: pytest.Session) -> Iterator[object]:
+    if not session.config.getoption("quick"):
+        return (yield)
+    with quick.no_io():
+        return (yield)
 
 
 @pytest.fixture(scope="session")

@@ -296,6 +296,7 @@ async def read_until_final(client: Client) -> list[dict[str, Any]]:
             return received
 
 
+@pytest.mark.io
 @pytest.mark.parametrize("name", SCENARIOS)
 async def test_envelopes_arrive_valid_on_the_channel_of_a_real_server(
     name: str, start_server: StartServer, clients: Callable[..., Awaitable[Client]]
@@ -315,6 +316,7 @@ async def test_envelopes_arrive_valid_on_the_channel_of_a_real_server(
     assert received[-1]["payload"]["status"] == "completed"
 
 
+@pytest.mark.io
 async def test_the_http_publisher_delivers_routing_envelopes(
     start_server: StartServer, clients: Callable[..., Awaitable[Client]]
 ) -> None:

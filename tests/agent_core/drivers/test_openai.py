@@ -112,6 +112,7 @@ def final(events: list[StreamEvent]) -> ModelResponse:
 # --- streaming ----------------------------------------------------------------------------
 
 
+@pytest.mark.io
 async def test_streams_text_deltas_then_one_completed_response(api: FakeChatAPI) -> None:
     reply = Reply(
         [
@@ -133,6 +134,7 @@ async def test_streams_text_deltas_then_one_completed_response(api: FakeChatAPI)
     )
 
 
+@pytest.mark.io
 async def test_request_body_and_auth_header_reach_the_server(api: FakeChatAPI) -> None:
     """The server sees the model, the messages, ``stream: true`` with usage and the key."""
     events, script = await run(api, Reply(sse(text("ok"), chunk(finish="stop"))))
@@ -148,6 +150,7 @@ async def test_request_body_and_auth_header_reach_the_server(api: FakeChatAPI) -
     assert final(events).content == "ok"
 
 
+@pytest.mark.io
 async def test_conversation_tools_and_options_are_sent_in_openai_format(api: FakeChatAPI) -> None:
     call = ToolCall(id="call_1", name="lookup", arguments={"city": "Zürich", "days": 2})
     request = ModelRequest(
@@ -201,6 +204,7 @@ async def test_conversation_tools_and_options_are_sent_in_openai_format(api: Fak
     ]
 
 
+@pytest.mark.io
 async def test_interleaved_parallel_tool_call_deltas_are_assembled_by_index(
     api: FakeChatAPI,
 ) -> None:
@@ -236,6 +240,7 @@ async def test_interleaved_parallel_tool_call_deltas_are_assembled_by_index(
     )
 
 
+@pytest.mark.io
 async def test_text_and_a_tool_call_with_empty_arguments_in_one_response(api: FakeChatAPI) -> None:
     reply = Reply(
         sse(text("Let me check."), tool(0, id="call_1", name="now"), chunk(finish="tool_calls"))
@@ -246,6 +251,7 @@ async def test_text_and_a_tool_call_with_empty_arguments_in_one_response(api: Fa
     assert response.tool_calls == (ToolCall(id="call_1", name="now", arguments={}),)
 
 
+@pytest.mark.io
 async def test_stream_split_at_arbitrary_byte_boundaries(api: FakeChatAPI) -> None:
     """Events and UTF-8 characters cut across TCP writes still decode exactly."""
     whole = b"".join(sse(text("Grüße "), text("🌍!"), chunk(finish="stop"), usage(1, 2)))
@@ -255,28 +261,33 @@ async def test_stream_split_at_arbitrary_byte_boundaries(api: FakeChatAPI) -> No
     assert final(events).content == "Grüße 🌍!"
 
 
+@pytest.mark.io
 @pytest.mark.parametrize("reason", ["stop", "length", "tool_calls", "content_filter", "error"])
 async def test_each_openai_finish_reason_is_reported(api: FakeChatAPI, reason: str) -> None:
     events, _ = await run(api, Reply(sse(text("x"), chunk(finish=reason))))
     assert final(events).finish_reason == FinishReason(reason)
 
 
+@pytest.mark.io
 async def test_missing_usage_counts_as_zero(api: FakeChatAPI) -> None:
     events, _ = await run(api, Reply(sse(text("x"), chunk(finish="stop"))))
     assert final(events).usage == Usage()
 
 
+@pytest.mark.io
 async def test_text_after_done_is_not_read(api: FakeChatAPI) -> None:
     reply = Reply([*sse(text("a"), chunk(finish="stop")), b"data: not json\n\n"])
     events, _ = await run(api, reply)
     assert final(events).content == "a"
 
 
+@pytest.mark.io
 async def test_a_stream_without_done_but_with_a_finish_reason_completes(api: FakeChatAPI) -> None:
     events, _ = await run(api, Reply(sse(text("a"), chunk(finish="length"), done=False)))
     assert final(events).finish_reason is FinishReason.LENGTH
 
 
+@pytest.mark.io
 async def test_complete_returns_the_assembled_response(api: FakeChatAPI) -> None:
     script = api.script(Reply(sse(text("4"), chunk(finish="stop"), usage(5, 1))))
     async with OpenAIChatDriver(settings_for(script)) as driver:
@@ -289,6 +300,7 @@ async def test_complete_returns_the_assembled_response(api: FakeChatAPI) -> None
 # --- errors -------------------------------------------------------------------------------
 
 
+@pytest.mark.io
 async def test_http_429_is_a_rate_limit_error_with_retry_after(api: FakeChatAPI) -> None:
     body = {"error": {"message": "Rate limit reached for requests", "type": "requests"}}
     error = await fail(api, json_reply(429, body, {"Retry-After": "7"}))
@@ -300,12 +312,14 @@ async def test_http_429_is_a_rate_limit_error_with_retry_after(api: FakeChatAPI)
     assert "retry after 7s" in error.message
 
 
+@pytest.mark.io
 async def test_http_429_without_retry_after(api: FakeChatAPI) -> None:
     error = await fail(api, json_reply(429, {"error": {"message": "slow down"}}))
     assert isinstance(error, RateLimitError)
     assert error.retry_after is None
 
 
+@pytest.mark.io
 async def test_http_500_is_a_model_error_with_the_provider_message(api: FakeChatAPI) -> None:
     error = await fail(api, json_reply(500, {"error": {"message": "The server had an error"}}))
     assert type(error) is ModelError
@@ -314,6 +328,7 @@ async def test_http_500_is_a_model_error_with_the_provider_message(api: FakeChat
     assert "HTTP 500: The server had an error" in error.message
 
 
+@pytest.mark.io
 async def test_http_401_names_the_api_key_settings_but_not_the_key(api: FakeChatAPI) -> None:
     error = await fail(api, json_reply(401, {"error": {"message": "Incorrect API key provided"}}))
     assert type(error) is ModelError
@@ -323,6 +338,7 @@ async def test_http_401_names_the_api_key_settings_but_not_the_key(api: FakeChat
     assert API_KEY not in error.message
 
 
+@pytest.mark.io
 async def test_http_error_with_a_non_json_body_quotes_the_body(api: FakeChatAPI) -> None:
     reply = Reply([b"upstream connect error"], status=502, media_type="text/plain")
     error = await fail(api, reply)
@@ -330,6 +346,7 @@ async def test_http_error_with_a_non_json_body_quotes_the_body(api: FakeChatAPI)
     assert "upstream connect error" in error.message
 
 
+@pytest.mark.io
 async def test_a_server_that_stalls_mid_stream_is_a_timeout(api: FakeChatAPI) -> None:
     script = api.script(Reply(sse(text("partial"), done=False), stall=True))
     seen: list[StreamEvent] = []
@@ -341,12 +358,14 @@ async def test_a_server_that_stalls_mid_stream_is_a_timeout(api: FakeChatAPI) ->
     assert "did not answer within 0.3s" in caught.value.message
 
 
+@pytest.mark.io
 async def test_a_server_that_never_answers_is_a_timeout(api: FakeChatAPI) -> None:
     error = await fail(api, Reply(stall_before_headers=True), timeout=0.3)
     assert isinstance(error, ModelTimeoutError)
     assert error.error_type is ErrorType.TIMEOUT
 
 
+@pytest.mark.io
 async def test_connection_refused_is_a_model_error() -> None:
     settings = OpenAISettings(base_url=f"http://127.0.0.1:{free_port()}/v1", api_key=API_KEY)
     async with OpenAIChatDriver(settings) as driver:
@@ -357,18 +376,21 @@ async def test_connection_refused_is_a_model_error() -> None:
     assert "ConnectError" in caught.value.message
 
 
+@pytest.mark.io
 async def test_a_chunk_that_is_not_json_is_a_model_error(api: FakeChatAPI) -> None:
     error = await fail(api, Reply(sse(text("a"), '{"choices": [')))
     assert "malformed stream chunk: not JSON" in error.message
     assert '{"choices": [' in error.message
 
 
+@pytest.mark.io
 async def test_a_chunk_of_the_wrong_shape_names_the_bad_field(api: FakeChatAPI) -> None:
     error = await fail(api, Reply(sse({"choices": [{"index": 0, "delta": {"content": 5}}]})))
     assert "malformed stream chunk" in error.message
     assert "choices.0.delta.content" in error.message
 
 
+@pytest.mark.io
 async def test_an_error_object_mid_stream_is_a_model_error(api: FakeChatAPI) -> None:
     script = api.script(Reply(sse(text("par"), {"error": {"message": "overloaded", "code": 503}})))
     seen: list[StreamEvent] = []
@@ -378,12 +400,14 @@ async def test_an_error_object_mid_stream_is_a_model_error(api: FakeChatAPI) -> 
     assert seen == [TextDelta(text="par")]
 
 
+@pytest.mark.io
 async def test_an_sse_error_event_is_a_model_error(api: FakeChatAPI) -> None:
     reply = Reply([b'event: error\ndata: {"error": {"message": "context too long"}}\n\n'])
     error = await fail(api, reply)
     assert "error mid-stream: context too long" in error.message
 
 
+@pytest.mark.io
 async def test_invalid_tool_arguments_name_the_tool(api: FakeChatAPI) -> None:
     reply = Reply(
         sse(tool(0, id="call_9", name="search", args='{"q": '), chunk(finish="tool_calls"))
@@ -392,6 +416,7 @@ async def test_invalid_tool_arguments_name_the_tool(api: FakeChatAPI) -> None:
     assert "invalid JSON arguments for tool 'search' (call call_9)" in error.message
 
 
+@pytest.mark.io
 async def test_tool_arguments_that_are_not_an_object_are_rejected(api: FakeChatAPI) -> None:
     reply = Reply(
         sse(tool(0, id="call_9", name="search", args="[1, 2]"), chunk(finish="tool_calls"))
@@ -400,17 +425,20 @@ async def test_tool_arguments_that_are_not_an_object_are_rejected(api: FakeChatA
     assert "not an object" in error.message
 
 
+@pytest.mark.io
 async def test_a_stream_cut_off_before_it_finished_is_a_model_error(api: FakeChatAPI) -> None:
     error = await fail(api, Reply(sse(text("half"), done=False)))
     assert "closed the stream before the response finished" in error.message
 
 
+@pytest.mark.io
 async def test_a_json_answer_to_a_stream_request_is_a_model_error(api: FakeChatAPI) -> None:
     error = await fail(api, json_reply(200, {"choices": []}))
     assert "instead of text/event-stream" in error.message
     assert "application/json" in error.message
 
 
+@pytest.mark.io
 async def test_a_tool_message_without_call_id_is_refused_before_sending(api: FakeChatAPI) -> None:
     request = ModelRequest(messages=(Message(role="tool", content="x", name="search"),))
     with pytest.raises(ModelError, match="has no tool_call_id"):
@@ -462,11 +490,13 @@ def test_a_bad_base_url_is_refused_with_an_example() -> None:
         OpenAISettings(base_url="api.openai.com/v1")
 
 
+@pytest.mark.io
 async def test_no_api_key_means_no_authorization_header(api: FakeChatAPI) -> None:
     _, script = await run(api, Reply(sse(chunk(finish="stop"))), api_key=None)
     assert "authorization" not in script.requests[0].headers
 
 
+@pytest.mark.io
 async def test_an_injected_client_is_reused_and_left_open(api: FakeChatAPI) -> None:
     script = api.script(Reply(sse(text("a"), chunk(finish="stop"))))
     request = ModelRequest(messages=(Message.user("hi"),))

@@ -226,6 +226,7 @@ def failed(outcome: Outcome) -> ModelError:
 # --- lines and the whole body ---------------------------------------------------------------
 
 
+@pytest.mark.io
 async def test_a_line_without_an_end_stops_at_max_line_bytes(api: HostileAPI) -> None:
     """8 MiB without a newline: the driver reads about 256 KiB and names the limit."""
     outcome = await stream(
@@ -239,12 +240,14 @@ async def test_a_line_without_an_end_stops_at_max_line_bytes(api: HostileAPI) ->
     assert outcome.received <= 256 * KIB + 2 * READ
 
 
+@pytest.mark.io
 async def test_the_default_line_limit_is_one_mib(api: HostileAPI) -> None:
     outcome = await stream(api, repeated(b"z" * (64 * KIB), 8 * 1024 * KIB))
     assert "max_line_bytes = 1048576 bytes" in failed(outcome).message
     assert outcome.received <= 1024 * KIB + 2 * READ
 
 
+@pytest.mark.io
 async def test_data_lines_of_one_endless_event_stop_at_max_line_bytes(api: HostileAPI) -> None:
     """Short ``data:`` lines that never reach a blank line add up to one event's data."""
     line = b"data: " + b"d" * 1000 + b"\n"
@@ -255,6 +258,7 @@ async def test_data_lines_of_one_endless_event_stop_at_max_line_bytes(api: Hosti
     assert outcome.received <= 256 * KIB + 2 * READ
 
 
+@pytest.mark.io
 async def test_a_body_past_max_response_bytes_is_refused(api: HostileAPI) -> None:
     """Well-formed text chunks, 8 MiB of them: the body limit ends the response."""
     piece = event(text("x" * 1000)) * 32
@@ -268,6 +272,7 @@ async def test_a_body_past_max_response_bytes_is_refused(api: HostileAPI) -> Non
     assert not any(isinstance(e, ResponseCompleted) for e in outcome.events)
 
 
+@pytest.mark.io
 async def test_an_error_body_is_read_only_in_part(api: HostileAPI) -> None:
     """A 500 with an 8 MiB body is still an HTTP error; its first 64 KiB are read."""
     outcome = await stream(
@@ -279,6 +284,7 @@ async def test_an_error_body_is_read_only_in_part(api: HostileAPI) -> None:
     assert outcome.received <= 64 * KIB + READ
 
 
+@pytest.mark.io
 async def test_a_large_error_body_keeps_its_status_under_a_small_body_limit(
     api: HostileAPI,
 ) -> None:
@@ -289,6 +295,7 @@ async def test_a_large_error_body_keeps_its_status_under_a_small_body_limit(
     assert "HTTP 429: rrrr" in error.message
 
 
+@pytest.mark.io
 async def test_a_non_stream_answer_is_read_only_in_part(api: HostileAPI) -> None:
     outcome = await stream(
         api, repeated(b"j" * (64 * KIB), 8 * 1024 * KIB), media_type="application/json"
@@ -297,6 +304,7 @@ async def test_a_non_stream_answer_is_read_only_in_part(api: HostileAPI) -> None
     assert outcome.received <= 64 * KIB + READ
 
 
+@pytest.mark.io
 async def test_a_compressed_stream_is_refused_and_identity_is_asked_for(api: HostileAPI) -> None:
     """A compressed body could expand far past what was read, so it is not decoded."""
     whole = gzip.compress(b"".join(sse(text("hi"), chunk(finish="stop"))))
@@ -310,6 +318,7 @@ async def test_a_compressed_stream_is_refused_and_identity_is_asked_for(api: Hos
 # --- what the response holds ----------------------------------------------------------------
 
 
+@pytest.mark.io
 async def test_text_past_max_text_bytes_is_refused(api: HostileAPI) -> None:
     body = pieces(*sse(*[text("é" * 50) for _ in range(30)], chunk(finish="stop")))
     outcome = await stream(api, body, max_text_bytes=1000)
@@ -320,6 +329,7 @@ async def test_text_past_max_text_bytes_is_refused(api: HostileAPI) -> None:
     assert len(passed.encode()) <= 1000  # "é" is two bytes: 10 deltas of 100 bytes
 
 
+@pytest.mark.io
 async def test_tool_arguments_past_max_tool_arguments_bytes_are_refused(api: HostileAPI) -> None:
     fragments = [tool(0, id="call_1", name="lookup", args='{"pad": "')]
     fragments += [tool(0, args="p" * 1000) for _ in range(100)]
@@ -331,6 +341,7 @@ async def test_tool_arguments_past_max_tool_arguments_bytes_are_refused(api: Hos
     assert "AGENT_OPENAI_MAX_TOOL_ARGUMENTS_BYTES" in error.message
 
 
+@pytest.mark.io
 async def test_more_tool_calls_than_max_tool_calls_are_refused(api: HostileAPI) -> None:
     """Each new index is a partial call kept until the end: 200,000 of them held about
     100 MB. Indices far apart count as calls like any other."""
@@ -353,6 +364,7 @@ def calling(arguments: str) -> Body:
     return pieces(*sse(tool(0, id="call_1", name="calc", args=arguments), chunk(finish="stop")))
 
 
+@pytest.mark.io
 @pytest.mark.parametrize("depth", [65, 300, 5000])
 async def test_tool_arguments_nested_deeper_than_the_limit_are_refused(
     api: HostileAPI, depth: int
@@ -365,6 +377,7 @@ async def test_tool_arguments_nested_deeper_than_the_limit_are_refused(
     assert "AGENT_OPENAI_MAX_TOOL_ARGUMENTS_DEPTH" in error.message
 
 
+@pytest.mark.io
 async def test_tool_arguments_nested_as_deep_as_the_limit_are_accepted(api: HostileAPI) -> None:
     outcome = await stream(api, calling(nested(64)))
     assert outcome.error is None
@@ -374,6 +387,7 @@ async def test_tool_arguments_nested_as_deep_as_the_limit_are_accepted(api: Host
     assert call.name == "calc"
 
 
+@pytest.mark.io
 async def test_a_deeply_nested_chunk_is_a_malformed_chunk(api: HostileAPI) -> None:
     error = failed(await stream(api, pieces(b"data: " + b"[" * 100_000 + b"\n\n")))
     assert "malformed stream chunk: nested too deeply" in error.message
@@ -382,6 +396,7 @@ async def test_a_deeply_nested_chunk_is_a_malformed_chunk(api: HostileAPI) -> No
 # --- time ---------------------------------------------------------------------------------
 
 
+@pytest.mark.io
 async def test_a_server_that_drips_is_stopped_at_response_timeout(api: HostileAPI) -> None:
     """Each chunk comes well within the read timeout, the whole would take 10 s."""
     body = dripping(event(text(".")), 100, 0.1, FINISH)
@@ -394,6 +409,7 @@ async def test_a_server_that_drips_is_stopped_at_response_timeout(api: HostileAP
     assert outcome.events  # the deltas before the deadline were passed on
 
 
+@pytest.mark.io
 async def test_response_timeout_also_bounds_waiting_for_the_headers(api: HostileAPI) -> None:
     body = pieces(*sse(text("late"), chunk(finish="stop")))
     outcome = await stream(api, body, delay=5, response_timeout=0.3)
@@ -405,6 +421,7 @@ async def test_response_timeout_also_bounds_waiting_for_the_headers(api: Hostile
 # --- what still works -----------------------------------------------------------------------
 
 
+@pytest.mark.io
 async def test_a_normal_stream_within_the_limits_completes(api: HostileAPI) -> None:
     body = pieces(
         b": keep-alive\r\n\r\n",
@@ -429,6 +446,7 @@ async def test_a_normal_stream_within_the_limits_completes(api: HostileAPI) -> N
     )
 
 
+@pytest.mark.io
 async def test_a_long_stream_in_small_reads_completes(api: HostileAPI) -> None:
     """Many events cut at odd byte boundaries, with CRLF and CR line endings."""
     whole = b"".join(sse(*[text(f"{n} ") for n in range(500)], chunk(finish="stop")))
@@ -440,6 +458,7 @@ async def test_a_long_stream_in_small_reads_completes(api: HostileAPI) -> None:
     assert completed.response.content == "".join(f"{n} " for n in range(500))
 
 
+@pytest.mark.io
 async def test_a_run_over_a_limit_ends_failed_with_the_message(api: HostileAPI) -> None:
     script = api.script(repeated(b"data: " + b"z" * (64 * KIB), 4 * 1024 * KIB))
     config = OpenAISettings(base_url=script.base_url, model="m", max_line_bytes=128 * KIB)

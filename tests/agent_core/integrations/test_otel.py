@@ -94,6 +94,7 @@ async def test_an_agent_core_run_becomes_one_genai_trace(spans: Any) -> None:
         assert step_span.start_time <= span.start_time <= span.end_time <= step_span.end_time
 
 
+@pytest.mark.io
 @pytest.mark.parametrize("framework", sorted(RUNS))
 async def test_a_framework_run_is_traced_with_its_call_ids_and_content(
     framework: str, spans: Any
