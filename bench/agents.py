@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: ``python -m bench.agents '<json config>'``."""
     args = sys.argv[1:] if argv is None else argv
     try:
-        # The loop the agent worker (agent_core/app/worker.py) runs on.
+        # The loop the agent worker (agent_core/app/worker/cli.py) runs on.
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
             runner.run(_main(json.loads(args[0])))
     except Exception as exc:

@@ -34,8 +34,8 @@ import time
 
 from playwright.sync_api import sync_playwright
 
-from tests.frontend.conftest import CHROMIUM, CHROMIUM_ARGS
-from tests.frontend.index_standin import IndexStandIn, RecordedRun, long_run, route_index
+from tests.e2e.frontend.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.e2e.frontend.index_standin import IndexStandIn, RecordedRun, long_run, route_index
 from tests.support.processes import ServerProcess
 from tests.support.threaded import served_in_thread
 

@@ -8,7 +8,7 @@ that every module, class, method and attribute named below exists (attributes: a
 as ``self.name`` somewhere in the class or its bases, read from the source, since they
 exist only on instances). When a check fails the server logs a warning naming what is
 missing and falls back to uvicorn's own implementation: the plain ASGI WebSocket path
-(no direct frame writes, no native sessions, 1012 instead of 4200 on shutdown), or
+(no direct frame writes, no native handlers, 1012 instead of 4200 on shutdown), or
 uvicorn's HTTP protocol without the head deadline, head size and per-address limits
 (and without the natively served publish routes).
 

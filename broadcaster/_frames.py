@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 
-__all__ = ["MAX_CLOSE_REASON_BYTES", "Outgoing", "close_reason", "text_frame"]
+__all__ = ["MAX_CLOSE_REASON_BYTES", "PreparedMessage", "close_reason", "text_frame"]
 
 MAX_CLOSE_REASON_BYTES = 123
 """RFC 6455 §5.5: a control frame's payload is at most 125 bytes, 2 of them the code."""
@@ -41,7 +41,7 @@ def text_frame(payload: bytes) -> bytes:
     return header + payload
 
 
-class Outgoing:
+class PreparedMessage:
     """One server message: its JSON ``payload`` and, built on first use and then
     shared, the raw ``frame`` (fast path) and the ``text`` (ASGI fallback)."""
 

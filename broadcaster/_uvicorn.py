@@ -12,10 +12,10 @@ closing still goes through the state machine (:meth:`FastWebSocketProtocol.close
 It also closes clients with 4200 on server shutdown instead of uvicorn's 1012, which
 Pusher clients treat as "reconnect now".
 
-Native sessions: when the application's lifespan state holds a :class:`Sessions` under
-:data:`SESSIONS_STATE`, the WebSocket paths it :meth:`~Sessions.serves` skip ASGI
+Native handlers: when the application's lifespan state holds a :class:`NativeHandlers` under
+:data:`HANDLERS_STATE`, the WebSocket paths it :meth:`~NativeHandlers.serves` skip ASGI
 altogether. The protocol answers the handshake itself and hands every inbound message
-to a :class:`Session` by a plain call: no ASGI task, receive queue, scope or middleware
+to a :class:`NativeHandler` by a plain call: no ASGI task, receive queue, scope or middleware
 frames are kept per connection, which is most of what an idle connection costs. Other
 paths go through the ASGI application as before.
 """
@@ -37,7 +37,7 @@ from broadcaster._frames import close_reason
 from broadcaster._guard import refusal
 from broadcaster._text import excerpt
 from broadcaster.codes import CloseCode, ErrorCode
-from broadcaster.transport import EXTENSION, SESSIONS_STATE, Session, Sessions
+from broadcaster.transport import EXTENSION, HANDLERS_STATE, NativeHandler, NativeHandlers
 
 __all__ = ["SHUTDOWN_CLOSE_CODE", "FastWebSocketProtocol", "protocol_class"]
 
@@ -72,7 +72,7 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's sans-I/O WebSocket protocol plus direct frame writes (see module doc)."""
 
     shutdown_abort_after = 5.0
-    session: Session | None = None  # a class default: no instance entry unless native
+    handler: NativeHandler | None = None  # a class default: no instance entry unless native
     output_full = False  # between pause_writing and resume_writing (class default, as above)
     on_lost: Callable[[], None] | None = None  # called once the transport is gone
 
@@ -86,11 +86,11 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
             self.client = client
 
     def handle_connect(self, event: Request) -> None:
-        sessions = cast("Sessions | None", self.app_state.get(SESSIONS_STATE))
+        handlers = cast("NativeHandlers | None", self.app_state.get(HANDLERS_STATE))
         raw_path, _, query = event.path.partition("?")
         path = unquote(raw_path)
-        if sessions is not None and sessions.serves(path):
-            self._open_native(sessions, event, path, query)
+        if handlers is not None and handlers.serves(path):
+            self._open_native(handlers, event, path, query)
             return
         super().handle_connect(event)
         if self.response.status_code == 101:
@@ -98,7 +98,7 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
             extensions = cast(dict[str, object], self.scope["extensions"])
             extensions[EXTENSION] = self
 
-    def _open_native(self, sessions: Sessions, event: Request, path: str, query: str) -> None:
+    def _open_native(self, handlers: NativeHandlers, event: Request, path: str, query: str) -> None:
         response = self.conn.accept(event)
         self.handshake_initiated = True
         self.handshake_complete = True
@@ -125,7 +125,7 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
         # headers go (a few KB per connection), as uvicorn's scope is never built.
         event.headers = _NO_HEADERS
         self.server = None
-        self.session = sessions.open(self, path, query, origin)
+        self.handler = handlers.open(self, path, query, origin)
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -144,8 +144,8 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
         self.transport.close()
 
     def send_receive_event_to_app(self) -> None:
-        session = self.session
-        if session is None:
+        handler = self.handler
+        if handler is None:
             super().send_receive_event_to_app()
             return
         frames = self.frames
@@ -154,7 +154,7 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
         if self.close_sent:
             return  # past our close frame: only the peer's answer matters
         if self.curr_msg_data_type == "bytes":
-            session.received(data)
+            handler.received(data)
             return
         try:
             text = data.decode()
@@ -162,7 +162,7 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
             self.conn.send_close(CloseCode.INVALID_PAYLOAD, "invalid UTF-8")
             self.handle_parser_exception()
             return
-        session.received(text)
+        handler.received(text)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -170,10 +170,10 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
         if on_lost is not None:
             self.on_lost = None
             on_lost()
-        session = self.session
-        if session is not None:
-            self.session = None
-            session.lost()
+        handler = self.handler
+        if handler is not None:
+            self.handler = None
+            handler.lost()
 
     def pause_reading(self) -> None:
         if not (self.read_paused or self.close_sent or self.transport.is_closing()):

@@ -19,8 +19,8 @@ from broadcaster.node import Node
 from broadcaster.sessions import routes as session_routes
 from broadcaster.settings import Settings
 from broadcaster.sse import routes as sse_routes
-from broadcaster.transport import POSTS_STATE, SESSIONS_STATE
-from broadcaster.websocket import BadPathEndpoint, NativeSessions, WebSocketEndpoint
+from broadcaster.transport import HANDLERS_STATE, POSTS_STATE
+from broadcaster.websocket import BadPathEndpoint, NativeAppEndpoint, WebSocketEndpoint
 
 __all__ = ["create_app"]
 
@@ -48,7 +48,7 @@ def create_app(settings: Settings, node: Node | None = None) -> Starlette:
             # Lifespan state reaches the server's protocols: the fast path serves
             # /app/{key} natively through it (see broadcaster._uvicorn), and the HTTP
             # protocol the publish routes (see broadcaster._guard).
-            yield {SESSIONS_STATE: NativeSessions(node), POSTS_STATE: fast}
+            yield {HANDLERS_STATE: NativeAppEndpoint(node), POSTS_STATE: fast}
 
     app = _Application(fast, routes=_routes(node, settings, ctx.routes), lifespan=lifespan)
     app.state.settings = settings

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from broadcaster._frames import Outgoing, close_reason
+from broadcaster._frames import PreparedMessage, close_reason
 from broadcaster.codes import SLOW_CONSUMER
 from broadcaster.settings import AppConfig
 from broadcaster.transport import RawSocket
@@ -158,7 +158,7 @@ class Connection:
     def is_open(self) -> bool:
         return self.state is ConnectionState.OPEN
 
-    def send(self, message: Outgoing) -> None:
+    def send(self, message: PreparedMessage) -> None:
         """Queue ``message``; closes the connection (4100) if that would overflow it."""
         if self.state is not ConnectionState.OPEN:
             return
@@ -315,11 +315,11 @@ class QueuedConnection(Connection):
 
     def __init__(self, socket_id: str, app: AppConfig, delivery: Delivery) -> None:
         super().__init__(socket_id, app, delivery)
-        self._queue: deque[Outgoing] = deque()
+        self._queue: deque[PreparedMessage] = deque()
         self._queued_bytes = 0
         self._wakeup = asyncio.Event()
 
-    def send(self, message: Outgoing) -> None:
+    def send(self, message: PreparedMessage) -> None:
         if self.state is not ConnectionState.OPEN:
             return
         size = self._queued_bytes + len(message)

@@ -48,7 +48,7 @@ import time
 from dataclasses import dataclass, field
 
 from broadcaster import protocol
-from broadcaster._frames import Outgoing
+from broadcaster._frames import PreparedMessage
 from broadcaster.backends.base import Backend, BackendUnavailable, HistoryResult
 from broadcaster.codes import ErrorCode
 from broadcaster.connection import Connection
@@ -67,18 +67,18 @@ _FILL_PAUSE_MAX = 2.0
 _HELD_OVERHEAD = 64  # bytes counted per held publication besides its data
 
 
-def encode(publication: Publication) -> Outgoing:
+def encode(publication: Publication) -> PreparedMessage:
     """The server message carrying ``publication`` (with its position, if any)."""
     p = publication
     position = None if p.position is None else str(p.position)
-    return Outgoing(protocol.channel_event(p.event, p.channel, p.data, p.user_id, position))
+    return PreparedMessage(protocol.channel_event(p.event, p.channel, p.data, p.user_id, position))
 
 
 @dataclass(slots=True)
 class _Recovery:
     """Live publications held back while a resuming connection's history is read."""
 
-    held: list[tuple[Publication, Outgoing]] | None = None  # made when the first is held
+    held: list[tuple[Publication, PreparedMessage]] | None = None  # made when the first is held
     held_bytes: int = 0
     drops: int = 0  # times the held publications kept in history were dropped
 
@@ -386,10 +386,10 @@ class Hub:
             publication = protocol.channel_event_publication(
                 app_id, position, exclude_socket_id, frame
             )
-            self._fan_out(entry, publication, Outgoing(frame))
+            self._fan_out(entry, publication, PreparedMessage(frame))
             return
         started = time.perf_counter()
-        message = Outgoing(frame)
+        message = PreparedMessage(frame)
         sent = 0
         for conn in subscribers:
             if conn.socket_id != exclude_socket_id:
@@ -462,7 +462,7 @@ class Hub:
                 entry.subscribers[conn] = None
 
     def _fan_out(
-        self, entry: _Channel, publication: Publication, message: Outgoing | None = None
+        self, entry: _Channel, publication: Publication, message: PreparedMessage | None = None
     ) -> None:
         started = time.perf_counter()
         if message is None:
@@ -485,7 +485,7 @@ class Hub:
         conn: Connection,
         state: _Recovery | _Seam,
         publication: Publication,
-        message: Outgoing,
+        message: PreparedMessage,
     ) -> bool:
         """Whether a connection that is resuming takes ``publication`` live now."""
         if isinstance(state, _Recovery):

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from typing import Any
 
 from broadcaster import protocol
-from broadcaster._frames import Outgoing
+from broadcaster._frames import PreparedMessage
 from broadcaster._text import excerpt
 from broadcaster.backends import create_backend
 from broadcaster.backends.base import Backend, BackendUnavailable, PresenceFull
@@ -38,7 +38,7 @@ log = logging.getLogger("broadcaster.node")
 
 _TERMINATE = "terminate_user_connections"
 _NOT_RECOVERED = "the channel's history no longer reaches back to that position"
-_PING = Outgoing(protocol.ping())
+_PING = PreparedMessage(protocol.ping())
 _WATCH_INTERVAL = 0.25  # seconds between checks for a backend reconnection
 
 
@@ -212,7 +212,7 @@ class Node:
 
     def _established(self, conn: Connection) -> None:
         timeout = self.settings.activity_timeout
-        conn.send(Outgoing(protocol.connection_established(conn.socket_id, timeout)))
+        conn.send(PreparedMessage(protocol.connection_established(conn.socket_id, timeout)))
 
     async def disconnect(self, conn: Connection) -> None:
         """Forget a connection whose socket is gone: leave its channels (presence
@@ -320,7 +320,7 @@ class Node:
         if presence:
             found = await self.backend.presence_members(conn.app.id, channel)
             members = {m.user_id: m.user_info for m in found}
-        conn.send(Outgoing(protocol.subscription_succeeded(channel, members)))
+        conn.send(PreparedMessage(protocol.subscription_succeeded(channel, members)))
 
     async def _resume(self, conn: Connection, channel: str, since: Position | None) -> None:
         if since is None:
@@ -329,7 +329,7 @@ class Node:
         resumed = await self.hub.resume(conn, channel, since)
         reason = None if resumed.recovered else _NOT_RECOVERED
         notice = protocol.resume_result(channel, resumed.recovered, resumed.position, reason)
-        conn.send(Outgoing(notice))
+        conn.send(PreparedMessage(notice))
 
     async def _leave_quietly(self, conn: Connection, channel: str) -> None:
         try:
@@ -408,7 +408,7 @@ class Node:
         self._forget_user(conn)
         conn.user_id = user_id
         self._users.setdefault((app.id, user_id), set()).add(conn)
-        conn.send(Outgoing(protocol.signin_success(command.user_data)))
+        conn.send(PreparedMessage(protocol.signin_success(command.user_data)))
 
     def _forget_user(self, conn: Connection) -> None:
         if conn.user_id is None:
@@ -510,7 +510,9 @@ class Node:
             return
         user_id = str(message.get("user_id"))
         for conn in list(self._users.get((app_id, user_id), ())):
-            conn.send(Outgoing(protocol.error(ErrorCode.UNAUTHORIZED, "connection terminated")))
+            conn.send(
+                PreparedMessage(protocol.error(ErrorCode.UNAUTHORIZED, "connection terminated"))
+            )
             conn.close(ErrorCode.UNAUTHORIZED, "connection terminated by the server")
 
     # -- inactivity ---------------------------------------------------------------------

@@ -76,7 +76,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from broadcaster import protocol
-from broadcaster._frames import Outgoing
+from broadcaster._frames import PreparedMessage
 from broadcaster._text import excerpt
 from broadcaster.backends.base import BackendUnavailable
 from broadcaster.channels import (
@@ -139,7 +139,7 @@ class FeedItem:
     position: str | None = None
 
 
-def decode(message: Outgoing) -> FeedItem:
+def decode(message: PreparedMessage) -> FeedItem:
     """The event, data and position of a channel message built by the hub."""
     frame: dict[str, Any] = orjson.loads(message.payload)
     data = frame.get("data", "")
@@ -179,7 +179,7 @@ class FeedConnection(QueuedConnection):
         """Return once the feed has ended."""
         await self._over.wait()
 
-    async def take(self, wait: float) -> list[Outgoing]:
+    async def take(self, wait: float) -> list[PreparedMessage]:
         """What was queued, waiting up to ``wait`` seconds for something (an empty
         list when nothing came or the feed ended)."""
         if not self._queue and self.ended is None:
@@ -268,7 +268,7 @@ class ChannelFeed:
             return
         reason = None if resumed.recovered else "the channel's history no longer reaches back"
         notice = protocol.resume_result(channel, resumed.recovered, resumed.position, reason)
-        conn.send(Outgoing(notice))
+        conn.send(PreparedMessage(notice))
 
     async def receive(self, wait: float) -> list[FeedItem]:
         """The next messages, waiting up to ``wait`` seconds (empty when none came

@@ -2,7 +2,7 @@
 
 A :class:`~broadcaster.connection.Connection` writes pre-built frames to a
 :class:`RawSocket` when the server runs the fast path (:mod:`broadcaster._uvicorn`, a
-subclass of a private uvicorn class), and a :class:`Sessions` serves WebSocket paths
+subclass of a private uvicorn class), and a :class:`NativeHandlers` serves WebSocket paths
 natively under it; :class:`NativePosts` serves POST routes natively under the HTTP
 protocol (:mod:`broadcaster._guard`). Nothing here imports uvicorn: the node, the
 connections, the WebSocket endpoint and the HTTP API depend on these types only, so a
@@ -18,25 +18,25 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 __all__ = [
     "EXTENSION",
+    "HANDLERS_STATE",
     "POSTS_STATE",
     "SERVER_ERROR",
-    "SESSIONS_STATE",
     "Answer",
+    "NativeHandler",
+    "NativeHandlers",
     "NativePost",
     "NativePosts",
     "NativeSocket",
     "Pending",
     "RawSocket",
     "ReportsLoss",
-    "Session",
-    "Sessions",
 ]
 
 EXTENSION = "broadcaster.raw_socket"
 """The key of the :class:`RawSocket` in an ASGI WebSocket scope's ``extensions``."""
 
-SESSIONS_STATE = "broadcaster_sessions"
-"""The key of the :class:`Sessions` in the application's lifespan state."""
+HANDLERS_STATE = "broadcaster_native_handlers"
+"""The key of the :class:`NativeHandlers` in the application's lifespan state."""
 
 POSTS_STATE = "broadcaster_posts"
 """The key of the :class:`NativePosts` in the application's lifespan state."""
@@ -65,7 +65,7 @@ class RawSocket(Protocol):
 
 
 class NativeSocket(RawSocket, Protocol):
-    """What a native :class:`Session` gets besides frame writes: inbound flow control
+    """What a native :class:`NativeHandler` gets besides frame writes: inbound flow control
     and tasks that the server waits for on shutdown."""
 
     def pause_reading(self) -> None:
@@ -86,7 +86,7 @@ class NativeSocket(RawSocket, Protocol):
         ...
 
 
-class Session(Protocol):
+class NativeHandler(Protocol):
     """One natively served WebSocket connection, driven by the protocol's callbacks."""
 
     def received(self, data: str | bytes) -> None:
@@ -98,7 +98,7 @@ class Session(Protocol):
         ...
 
 
-class Sessions(Protocol):
+class NativeHandlers(Protocol):
     """Serves WebSocket paths natively (see the module doc)."""
 
     def serves(self, path: str) -> bool:
@@ -107,8 +107,8 @@ class Sessions(Protocol):
 
     def open(
         self, socket: NativeSocket, path: str, query: str, origin: str | None
-    ) -> Session | None:
-        """A handshake to ``path`` was accepted: the session, or None when the
+    ) -> NativeHandler | None:
+        """A handshake to ``path`` was accepted: its handler, or None when the
         connection was refused (an error and a close frame written to ``socket``)."""
         ...
 

@@ -11,7 +11,7 @@ connection's buffer (the fast path when the server is run with
 :class:`~broadcaster._uvicorn.FastWebSocketProtocol`, the ASGI ``send`` otherwise).
 
 Under :class:`~broadcaster._uvicorn.FastWebSocketProtocol`, ``/app/{key}`` is served
-natively by :class:`NativeSessions` instead: the protocol calls the session for each
+natively by :class:`NativeAppEndpoint` instead: the protocol calls the connection's handler for each
 message, commands that need no I/O (ping, pong, sign-in, errors) are answered in that
 call, and the others run in a short task per connection that exists only while it has
 work (reading from the client pauses meanwhile, so commands keep their order). An idle
@@ -32,17 +32,17 @@ from urllib.parse import parse_qs
 from starlette.types import Receive, Scope, Send
 
 from broadcaster import protocol
-from broadcaster._frames import Outgoing, close_reason, text_frame
+from broadcaster._frames import PreparedMessage, close_reason, text_frame
 from broadcaster.codes import CloseCode, ErrorCode
 from broadcaster.connection import Connection
 from broadcaster.exceptions import ProtocolError
 from broadcaster.node import Node
 from broadcaster.transport import EXTENSION, NativeSocket, RawSocket
 
-__all__ = ["BadPathEndpoint", "NativeSessions", "WebSocketEndpoint"]
+__all__ = ["BadPathEndpoint", "NativeAppEndpoint", "WebSocketEndpoint"]
 
 log = logging.getLogger("broadcaster.websocket")
-_PONG = Outgoing(protocol.pong())
+_PONG = PreparedMessage(protocol.pong())
 _APP_PREFIX = "/app/"
 
 
@@ -90,9 +90,9 @@ class WebSocketEndpoint:
                 await work
 
 
-class NativeSessions:
+class NativeAppEndpoint:
     """Serves ``/app/{key}`` without ASGI under the fast-path protocol (see the module
-    doc and :class:`broadcaster.transport.Sessions`)."""
+    doc and :class:`broadcaster.transport.NativeHandlers`)."""
 
     __slots__ = ("node",)
 
@@ -108,7 +108,7 @@ class NativeSessions:
 
     def open(
         self, socket: NativeSocket, path: str, query: str, origin: str | None
-    ) -> _NativeSession | None:
+    ) -> _NativeConnection | None:
         node = self.node
         try:
             app = node.admit(path[len(_APP_PREFIX) :], _query_param(query, "protocol"), origin)
@@ -118,17 +118,17 @@ class NativeSessions:
             return None
         socket.limit_message_size(app.max_frame_size)
         conn = node.open(app, raw=socket)
-        session = _NativeSession(node, conn, socket)
+        handler = _NativeConnection(node, conn, socket)
         if node.counted_across_nodes(app):
             # Counted across nodes first; messages that arrive meanwhile wait their turn.
-            session.start(_reporting(conn, node.count(conn)))
-        return session
+            handler.start(_reporting(conn, node.count(conn)))
+        return handler
 
 
 _GONE: Final = object()  # queued after the messages of a connection that is gone
 
 
-class _NativeSession:
+class _NativeConnection:
     """One natively served connection: messages are handled as they arrive; commands
     that await run one after the other in a task that lives while there is work."""
 
@@ -262,9 +262,9 @@ def _report(conn: Connection, exc: ProtocolError) -> None:
         frame = protocol.subscription_error(
             exc.channel, exc.message, status=status, error_type=kind, code=exc.code
         )
-        conn.send(Outgoing(frame))
+        conn.send(PreparedMessage(frame))
     else:
-        conn.send(Outgoing(protocol.error(exc.code, exc.message)))
+        conn.send(PreparedMessage(protocol.error(exc.code, exc.message)))
     if exc.close:
         conn.close(exc.code, exc.message)
 

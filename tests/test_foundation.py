@@ -39,6 +39,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     )
 
 
+@pytest.mark.io
 def test_module_and_console_script_share_the_cli() -> None:
     via_module = run_cli("serve", "--help")
     via_script = subprocess.run(
@@ -53,6 +54,7 @@ def test_module_and_console_script_share_the_cli() -> None:
     assert via_module.stdout.split("\n", 1)[1] == via_script.stdout.split("\n", 1)[1]
 
 
+@pytest.mark.io
 @pytest.mark.parametrize(
     ("args", "env", "named"),
     [
@@ -96,6 +98,7 @@ def test_secret_is_not_echoed_in_errors() -> None:
     assert "app_secret=<hidden>" in str(info.value)
 
 
+@pytest.mark.io
 def test_demo_server_serves_the_dashboard_at_the_printed_url(server_factory: ServerFactory) -> None:
     server = server_factory("--demo")
     page = httpx.get(f"{server.url}/", timeout=5)
@@ -106,12 +109,14 @@ def test_demo_server_serves_the_dashboard_at_the_printed_url(server_factory: Ser
     assert "Open the demo dashboard: http://" in server.log
 
 
+@pytest.mark.io
 def test_sigterm_shuts_down_cleanly(server: ServerProcess) -> None:
     # uvicorn re-raises the captured signal once its graceful shutdown is done.
     assert server.stop() in (0, -signal.SIGTERM)
     assert "Finished server process" in server.log
 
 
+@pytest.mark.io
 def test_redis_fixture_can_be_killed_and_restarted(
     redis_factory: Callable[[], RedisServer],
 ) -> None:
@@ -123,6 +128,7 @@ def test_redis_fixture_can_be_killed_and_restarted(
     assert redis.ping()
 
 
+@pytest.mark.io
 def test_procfile_web_and_worker_run_an_agent_under_honcho(redis_server: RedisServer) -> None:
     """The scaled-out shape: web queues the run, worker executes it through Redis."""
     port = free_port()
@@ -158,6 +164,7 @@ def test_procfile_web_and_worker_run_an_agent_under_honcho(redis_server: RedisSe
         proc.wait(20)
 
 
+@pytest.mark.io
 def test_broadcaster_never_imports_agent_core() -> None:
     """The dependency points one way (docs/development.md, style guide): agent_core
     may use the broadcaster's client-side pieces; the server reaches the demo only

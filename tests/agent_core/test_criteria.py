@@ -19,7 +19,7 @@ from agent_core.criteria import (
 from agent_core.errors import ErrorType
 from agent_core.messages import FinishReason
 from agent_core.state import AgentState
-from tests.agent_core.factories import (
+from tests.support.factories import (
     T0,
     ManualClock,
     error_step,

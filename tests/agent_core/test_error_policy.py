@@ -14,7 +14,7 @@ from agent_core.error_policy import (
 )
 from agent_core.errors import ErrorType, ModelError, RateLimitError
 from agent_core.state import AgentState, AgentStatus
-from tests.agent_core.factories import T0, error_step, final_step, judged, state_after, tool_step
+from tests.support.factories import T0, error_step, final_step, judged, state_after, tool_step
 
 F, A, R = ContinuationDecision.FORBID, ContinuationDecision.ALLOW, ContinuationDecision.REQUEST
 

@@ -14,7 +14,7 @@ from agent_core.events import (
     ToolCallStarted,
 )
 from agent_core.state import AgentState
-from tests.agent_core.factories import T0
+from tests.support.factories import T0
 
 
 def chunk(index: int) -> StreamChunk:

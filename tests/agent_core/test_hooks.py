@@ -7,7 +7,7 @@ import pytest
 from agent_core.events import AgentEvent, EventDispatcher, HookExecuted
 from agent_core.hooks import HookPoint, HookStack, HookStackObserver
 from agent_core.state import AgentState, AgentStatus
-from tests.agent_core.factories import T0, TickingClock
+from tests.support.factories import T0, TickingClock
 
 
 def noop(state: AgentState) -> AgentState:

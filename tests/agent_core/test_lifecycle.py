@@ -17,7 +17,7 @@ from agent_core.lifecycle import (
     PassThroughObserver,
 )
 from agent_core.state import AgentState, AgentStatus
-from tests.agent_core.factories import TickingClock, final_step, tool_step
+from tests.support.factories import TickingClock, final_step, tool_step
 
 
 class Tagger(PassThroughObserver):

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 
 from agent_core.serialization import FullAgentStateSerializer, SerializationError
 from agent_core.state import AgentState
-from tests.agent_core.strategies import agent_states
+from tests.support.strategies import agent_states
 
 SERIALIZER = FullAgentStateSerializer()
 
@@ -29,7 +29,7 @@ def test_the_current_execution_is_transient() -> None:
     """The step in progress (here its error) is never serialized; older data that
     still carries one loads without it."""
     from agent_core.errors import RateLimitError
-    from tests.agent_core.factories import T0
+    from tests.support.factories import T0
 
     state = AgentState().start_execution(T0).with_error(RateLimitError("429"))
     assert "current_execution" not in state.to_dict()

@@ -18,7 +18,7 @@ from agent_core.messages import Message, Role
 from agent_core.serialization import SerializationError
 from agent_core.slim import OMITTED_TOOL_RESULT, SlimAgentStateSerializer, SlimSerializationConfig
 from agent_core.state import AgentState, AgentStatus
-from tests.agent_core.factories import TickingClock
+from tests.support.factories import TickingClock
 
 WEATHER = call("get_weather", "call_w", city="Oslo")
 MATH = call("calculator", "call_m", expression="6 * 7")

@@ -9,7 +9,7 @@ import pytest
 from agent_core.continuation import ContinuationOutcome, StopReason
 from agent_core.state import AgentState, AgentStatus, ExecutionDecision, ExecutionState
 from agent_core.steps import StepExecution, StepResult
-from tests.agent_core.factories import T0, final_step, state_after, tool_step
+from tests.support.factories import T0, final_step, state_after, tool_step
 
 
 def test_state_is_frozen_and_changes_return_new_states() -> None:

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 from agent_core.errors import ErrorType
 from agent_core.messages import ToolCall
 from agent_core.tools import Tool, ToolRegistry, blocked_execution, tool
-from tests.agent_core.factories import TickingClock
+from tests.support.factories import TickingClock
 
 
 def add(a: int, b: int = 2) -> int:

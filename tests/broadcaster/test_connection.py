@@ -4,16 +4,16 @@ taken whole (the limit counting what is queued beyond it)."""
 
 from __future__ import annotations
 
-from broadcaster._frames import Outgoing
+from broadcaster._frames import PreparedMessage
 from broadcaster.connection import Delivery, QueuedConnection
 from tests.support.hub import APP, recording_connection, tick
 
 LIMIT = 1000
 
 
-def message(size: int) -> Outgoing:
+def message(size: int) -> PreparedMessage:
     """A message whose frame is ``size`` bytes (a 2- or 4-byte header included)."""
-    return Outgoing(b"x" * (size - (2 if size < 128 else 4)))
+    return PreparedMessage(b"x" * (size - (2 if size < 128 else 4)))
 
 
 async def test_unsent_bytes_over_the_limit_close_the_connection_with_4100() -> None:
@@ -84,12 +84,12 @@ class Queued(QueuedConnection):
 
 async def test_a_queued_connection_takes_one_large_message_the_same_way() -> None:
     conn = Queued("1.2", APP, Delivery(LIMIT))
-    conn.send(Outgoing(b"x" * 200))  # a queued connection counts payloads
-    conn.send(Outgoing(b"x" * 4 * LIMIT))
-    conn.send(Outgoing(b"x" * 800))
+    conn.send(PreparedMessage(b"x" * 200))  # a queued connection counts payloads
+    conn.send(PreparedMessage(b"x" * 4 * LIMIT))
+    conn.send(PreparedMessage(b"x" * 800))
     assert conn.is_open
     assert conn.unsent() == 5 * LIMIT
-    conn.send(Outgoing(b"x" * 4 * LIMIT))
+    conn.send(PreparedMessage(b"x" * 4 * LIMIT))
     assert not conn.is_open
     assert conn.reason.startswith(f"slow consumer: {5 * LIMIT} bytes unsent ahead of")
     assert conn.unsent() == 0

@@ -1,6 +1,6 @@
 """Who the client is behind trusted proxies (issue 29, point 4): the rightmost hop that
 is not a trusted proxy, from X-Forwarded-For or Forwarded, only on a connection from a
-trusted proxy. End to end through nginx: tests/server/test_nginx.py."""
+trusted proxy. End to end through nginx: tests/e2e/server/test_nginx.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-// A pusher-js client for the end-to-end tests (tests/server/test_pusher_js.py).
+// A pusher-js client for the end-to-end tests (tests/e2e/server/test_pusher_js.py).
 //
 // Usage: node pusher_client.mjs <ws host> <ws port> <app key> <app secret> <channel>...
 // Connects with pusher-js over plain ws (wss with PUSHER_TLS=1), signs private/presence subscriptions and the

@@ -22,17 +22,10 @@ import websockets
 
 from broadcaster.codes import ErrorCode
 from broadcaster.signing import channel_auth, user_auth
-from tests.reliability.helpers import (
-    WS_PATH,
-    eventually,
-    metrics,
-    publish,
-    report,
-    signed_query,
-)
-from tests.reliability.rawws import RawClient, masked_frame
 from tests.support.live import APP_ID, KEY, SECRET, Client, write_apps
 from tests.support.processes import ServerFactory, ServerProcess
+from tests.support.rawws import RawClient, masked_frame
+from tests.support.reliability import WS_PATH, eventually, metrics, publish, report, signed_query
 
 pytestmark = pytest.mark.slow
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.reliability.helpers import WS_PATH, signed_query
-from tests.reliability.rawws import RawClient, masked_text_frame
 from tests.support.live import APP_ID, Client, StartServer, write_apps
+from tests.support.rawws import RawClient, masked_text_frame
+from tests.support.reliability import WS_PATH, signed_query
 
 LIMIT = 256 << 10  # max_request_bytes by default
 SMALL = 2048  # what a refusal may weigh, headers aside

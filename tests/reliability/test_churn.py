@@ -14,9 +14,9 @@ import resource
 import httpx
 import pytest
 
-from tests.reliability.helpers import WS_PATH, eventually, metrics, report, rss_bytes, signed_query
 from tests.support.live import APP_ID, Client
 from tests.support.processes import ServerFactory
+from tests.support.reliability import WS_PATH, eventually, metrics, report, rss_bytes, signed_query
 
 pytestmark = pytest.mark.slow
 

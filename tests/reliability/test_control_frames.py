@@ -13,8 +13,8 @@ import socket
 import pytest
 
 from broadcaster._uvicorn import FastWebSocketProtocol
-from tests.reliability.rawws import masked_frame
 from tests.support.live import KEY, Client, LiveServer, StartServer, wait_for
+from tests.support.rawws import masked_frame
 
 pytestmark = pytest.mark.timeout(60)
 

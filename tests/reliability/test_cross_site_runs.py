@@ -1,6 +1,6 @@
 """Cross-site run starts (issue 29, point 2): the run-start endpoints take only JSON
 (415), refuse a page from an origin the app does not allow (403), and answer CORS
-preflights for allowed origins only. The page on a second origin: tests/frontend/
+preflights for allowed origins only. The page on a second origin: tests/e2e/frontend/
 test_cross_origin.py."""
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ from broadcaster.app import create_app
 from broadcaster.codes import ErrorCode
 from broadcaster.node import Node
 from broadcaster.settings import load_settings
-from tests.reliability.helpers import signed_query
 from tests.support.live import APP_ID, KEY, Client, LiveServer, StartServer
+from tests.support.reliability import signed_query
 
 Connect = Callable[..., Awaitable[Client]]
 DIGITS = "7" * 5000
@@ -27,7 +27,7 @@ PATHS = ["fast", "asgi"]
 
 
 async def server(start_server: StartServer, path: str) -> LiveServer:
-    """The fast path (native sessions) or uvicorn's plain ASGI WebSocket path."""
+    """The fast path (native handlers) or uvicorn's plain ASGI WebSocket path."""
     return await start_server() if path == "fast" else await start_server(ws="websockets-sansio")
 
 

@@ -22,7 +22,7 @@ from broadcaster.http_models import parse_batch, parse_info, parse_trigger
 from broadcaster.publication import Position
 from broadcaster.settings import AppConfig
 from broadcaster.signing import channel_auth, verify_request
-from tests.reliability.helpers import report
+from tests.support.reliability import report
 
 APP = AppConfig(id="1", key="agent-key", secret="agent-secret", enable_client_messages=True)
 SOCKET = "123.456"

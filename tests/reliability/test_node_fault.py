@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.reliability.helpers import WS_PATH, report
 from tests.support.live import Client
 from tests.support.processes import RedisServer, ServerFactory
-from tests.wire.test_runs import offsets, read_run, start_run, stream, subscribe
+from tests.support.reliability import WS_PATH, report
+from tests.support.runs import offsets, read_run, start_run, stream, subscribe
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

@@ -32,15 +32,8 @@ from tests.reliability.failover import (
     SentinelFaults,
     failover_trial,
 )
-from tests.reliability.helpers import (
-    Publisher,
-    Reader,
-    eventually,
-    report,
-    silent_gaps,
-    subscribed,
-)
 from tests.support.processes import ServerFactory
+from tests.support.reliability import Publisher, Reader, eventually, report, silent_gaps, subscribed
 from tests.support.topologies import ClusterTopology, SentinelTopology, command
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(120)]

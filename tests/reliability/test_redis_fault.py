@@ -23,7 +23,9 @@ from typing import Any
 
 import pytest
 
-from tests.reliability.helpers import (
+from tests.support.live import Client
+from tests.support.processes import RedisServer, ServerFactory, ServerProcess
+from tests.support.reliability import (
     WS_PATH,
     Publisher,
     Reader,
@@ -36,8 +38,6 @@ from tests.reliability.helpers import (
     silent_gaps,
     status,
 )
-from tests.support.live import Client
-from tests.support.processes import RedisServer, ServerFactory, ServerProcess
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.reliability.helpers import WS_PATH, publish, status
 from tests.support.live import Client
 from tests.support.processes import ServerFactory
+from tests.support.reliability import WS_PATH, publish, status
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

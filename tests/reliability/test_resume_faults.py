@@ -16,14 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import queue
 import signal
-import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -34,20 +30,17 @@ from redis.exceptions import OutOfMemoryError
 from broadcaster.backends.base import HistoryResult
 from broadcaster.backends.memory import MemoryBackend
 from broadcaster.publication import Position
-from tests.reliability.helpers import WS_PATH, eventually, publish, report, status
 from tests.support.live import APP_ID, KEY, Client, StartServer
+from tests.support.node import NodeLines
 from tests.support.processes import (
-    IN_CI,
-    REPO,
     RedisServer,
     ServerFactory,
     ServerProcess,
-    require_binary,
 )
+from tests.support.reliability import WS_PATH, eventually, publish, report, status
 from tests.support.topologies import command
 
 CHANNEL = "agent.resume-fault"
-NODE_DIR = REPO / "tests" / "node"
 
 
 @contextmanager
@@ -166,65 +159,11 @@ async def answers(server: ServerProcess, code: int) -> bool:
 # -- pusher-js and a failed history read --------------------------------------------------
 
 
-class ResumeClient:
-    """tests/node/resume_client.mjs as a child process, its JSON lines in a queue."""
-
-    def __init__(self, server: ServerProcess, epoch: str) -> None:
-        node = require_binary("node")
-        if not (NODE_DIR / "node_modules" / "pusher-js").is_dir():
-            message = "pusher-js is not installed: run scripts/install --test"
-            if IN_CI:
-                pytest.fail(message)
-            pytest.skip(message)
-        url = urlsplit(server.url)
-        args = [node, "resume_client.mjs", str(url.hostname), str(url.port), KEY, epoch, CHANNEL]
-        self.proc = subprocess.Popen(
-            args,
-            cwd=NODE_DIR,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.seen: list[dict[str, Any]] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                self.lines.put(json.loads(line))
-            except ValueError:
-                self.lines.put({"type": "output", "text": line})
-
-    async def wait_for(
-        self, match: Callable[[dict[str, Any]], bool], what: str, within: float = 20
-    ) -> dict[str, Any]:
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            try:
-                record = self.lines.get_nowait()
-            except queue.Empty:
-                await asyncio.sleep(0.02)
-                continue
-            self.seen.append(record)
-            if match(record):
-                return record
-        raise TimeoutError(f"pusher-js never reported {what}; it said: {self.seen}")
-
-    def stop(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.reader.join(10)
-        assert self.proc.stdout is not None
-        self.proc.stdout.close()
+def resume_client(server: ServerProcess, epoch: str) -> NodeLines:
+    """tests/node/resume_client.mjs: pusher-js resuming ``CHANNEL`` from ``epoch``."""
+    url = urlsplit(server.url)
+    args = [str(url.hostname), str(url.port), KEY, epoch, CHANNEL]
+    return NodeLines("resume_client.mjs", args, package="pusher-js")
 
 
 @pytest.mark.redis
@@ -252,17 +191,17 @@ async def test_pusher_js_resumes_after_a_history_read_fails(
     await watcher.close()
     epoch = Position.parse(first["position"]).epoch
 
-    client: ResumeClient | None = None
+    client: NodeLines | None = None
     try:
         with frozen(redis):
-            client = ResumeClient(server, epoch)
-            await client.wait_for(lambda r: r.get("current") == "connected", "a connection")
+            client = resume_client(server, epoch)
+            await client.until(lambda r: r.get("current") == "connected", "a connection")
             # The history read fails: pusher-js must notice (here: the close makes it
             # reconnect), not stay "subscribed" to a channel that delivers nothing.
-            await client.wait_for(
+            await client.until(
                 lambda r: r.get("current") in ("connecting", "unavailable"), "a reconnection"
             )
-        resume = await client.wait_for(lambda r: r["type"] == "resume", "a resume answer")
+        resume = await client.until(lambda r: r["type"] == "resume", "a resume answer")
         received = [r["n"] for r in client.seen if r["type"] == "event"]
         assert resume["data"]["recovered"] is True
         assert received == list(range(missed))

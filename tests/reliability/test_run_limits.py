@@ -17,10 +17,10 @@ from starlette.requests import Request
 from agent_core.app._streams import client_address
 from agent_core.app.demo import DemoSettings, _Demo
 from agent_core.app.runs import ClientRateLimit, RunManager, TooManyRuns
-from tests.reliability.helpers import own_rss, report
 from tests.support.live import Client, LiveServer, StartServer
 from tests.support.processes import RedisServer
-from tests.wire.test_runs import read_run, subscribe
+from tests.support.reliability import own_rss, report
+from tests.support.runs import read_run, subscribe
 
 OTHER = "127.0.0.2"  # another loopback address: another client
 

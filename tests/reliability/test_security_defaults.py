@@ -16,9 +16,9 @@ import websockets
 from broadcaster.codes import ErrorCode
 from broadcaster.settings import AppConfig, Settings, SettingsError, load_settings
 from broadcaster.signing import channel_auth
-from tests.reliability.helpers import WS_PATH, signed_query
 from tests.support.live import APP_ID, KEY, Client, StartServer, write_apps
 from tests.support.processes import RedisServer, ServerFactory
+from tests.support.reliability import WS_PATH, signed_query
 
 Connect = Callable[..., Awaitable[Client]]
 

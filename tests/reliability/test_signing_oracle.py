@@ -22,10 +22,10 @@ import pytest
 
 from broadcaster.codes import ErrorCode
 from broadcaster.signing import body_md5, sign
-from tests.reliability.helpers import WS_PATH
 from tests.support.live import APP_ID, KEY, SECRET, Client
 from tests.support.processes import ServerFactory, ServerProcess
-from tests.wire.test_runs import read_run, start_run
+from tests.support.reliability import WS_PATH
+from tests.support.runs import read_run, start_run
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from tests.reliability.helpers import (
+from tests.support.live import APP_ID, Client
+from tests.support.processes import ServerFactory
+from tests.support.rawws import RawClient
+from tests.support.reliability import (
     WS_PATH,
     eventually,
     metrics,
@@ -29,9 +32,6 @@ from tests.reliability.helpers import (
     rss_bytes,
     signed_query,
 )
-from tests.reliability.rawws import RawClient
-from tests.support.live import APP_ID, Client
-from tests.support.processes import ServerFactory
 
 pytestmark = pytest.mark.slow
 

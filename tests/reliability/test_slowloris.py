@@ -17,9 +17,9 @@ import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from tests.reliability.helpers import WS_PATH, eventually
 from tests.support.live import Client, LiveServer, StartServer
 from tests.support.processes import ServerFactory
+from tests.support.reliability import WS_PATH, eventually
 
 OTHER_ADDRESS = "127.0.0.2"  # loopback too (127/8), but another client address
 UPGRADE = (

@@ -11,11 +11,11 @@ from collections.abc import Awaitable, Callable, Iterator
 import httpx
 import pytest
 
-from tests.reliability.helpers import report
 from tests.support.live import Client
 from tests.support.processes import RedisServer, ServerFactory
-from tests.wire.test_runs import read_run, start_run, subscribe
-from tests.wire.test_worker import WorkerProcess
+from tests.support.reliability import report
+from tests.support.runs import read_run, start_run, subscribe
+from tests.support.worker import WorkerProcess
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 Connect = Callable[..., Awaitable[Client]]

@@ -1,6 +1,6 @@
 """In-process servers on free ports and a small Pusher WebSocket client for the tests
 (the fixtures that use them, ``start_server``, ``live`` and ``clients``, are in
-tests/server/conftest.py).
+tests/conftest.py).
 
 ``live_server`` runs the real application under uvicorn, with the same fast-path
 WebSocket protocol as ``agent-broadcaster serve``, inside the test's event loop: real
@@ -22,6 +22,7 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 
 from broadcaster.node import Node
+from broadcaster.signing import channel_auth
 
 KEY = "agent-key"
 SECRET = "agent-secret"
@@ -123,3 +124,9 @@ class Client:
 
     async def close(self) -> None:
         await self.ws.close()
+
+
+def presence_fields(client: Client, channel: str, user_id: str, **info: object) -> dict[str, str]:
+    channel_data = json.dumps({"user_id": user_id, "user_info": info})
+    auth = channel_auth(KEY, SECRET, client.socket_id, channel, channel_data)
+    return {"auth": auth, "channel_data": channel_data}

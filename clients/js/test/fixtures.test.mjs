@@ -1,5 +1,5 @@
 // One behaviour, two languages: the TypeScript reducer reproduces every golden run in
-// tests/fixtures/runs/ exactly (tests/clients/test_fixtures.py holds Python to the same).
+// tests/fixtures/runs/ exactly (tests/e2e/clients/test_fixtures.py holds Python to the same).
 import assert from "node:assert/strict";
 import { readdirSync, readFileSync } from "node:fs";
 import { test } from "node:test";

@@ -1,0 +1,125 @@
+"""One behaviour, two languages: the Python reducer reproduces every golden run in
+tests/fixtures/runs/ exactly (clients/js/test/fixtures.test.mjs holds TypeScript to the
+same), and what the events build agrees with the state the server stored."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broadcaster.client import (
+    RunView,
+    apply_snapshot,
+    create_run_view,
+    final_text,
+    reconcile,
+    reduce_run,
+    reduce_run_all,
+)
+
+FOLDER = Path(__file__).resolve().parents[2] / "fixtures" / "runs"
+FIXTURES = {
+    path.stem: json.loads(path.read_text("utf-8")) for path in sorted(FOLDER.glob("*.json"))
+}
+
+
+def replay(fixture: dict[str, Any], ops: list[dict[str, Any]] | None = None) -> RunView:
+    view = create_run_view(fixture["session_id"])
+    for op in fixture["ops"] if ops is None else ops:
+        if op.get("snapshot"):
+            view = apply_snapshot(view, fixture["snapshot"])
+        else:
+            view = reduce_run(view, op["envelope"], op["position"])
+    return view
+
+
+def test_every_kind_of_run_is_recorded() -> None:
+    assert {
+        "completed",
+        "failed-last-step",
+        "second-run",
+        "routed",
+        "resumed-across-gap",
+        "replay-overlap",
+        "framework-pydantic-ai",
+        "framework-openai-agents",
+        "framework-langgraph",
+    } <= set(FIXTURES)
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_reduce_run_all_folds_a_golden_run_as_reduce_run_does(name: str) -> None:
+    fixture = FIXTURES[name]
+    start = create_run_view(fixture["session_id"])
+    frozen = json.dumps(start)
+    view, batch = start, []
+    for op in fixture["ops"]:
+        if op.get("snapshot"):
+            view = apply_snapshot(reduce_run_all(view, batch), fixture["snapshot"])
+            batch = []
+        else:
+            batch.append(op)
+    view = reduce_run_all(view, batch)
+    assert view == fixture["expected"]["view"]
+    assert json.dumps(start) == frozen  # the view given is unchanged
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_the_python_reducer_reproduces_the_golden_run(name: str) -> None:
+    fixture = FIXTURES[name]
+    view = replay(fixture)
+    assert view == fixture["expected"]["view"]
+    differences = reconcile(view, fixture["snapshot"]) if fixture["snapshot"] else None
+    assert differences == fixture["expected"]["differences"]
+
+
+def _last_assistant(snapshot: dict[str, Any]) -> str:
+    texts = [m.get("content") for m in snapshot.get("messages", []) if m.get("role") == "assistant"]
+    return next((text for text in reversed(texts) if text), "")
+
+
+@pytest.mark.parametrize(
+    "name", sorted(n for n, f in FIXTURES.items() if not any(op.get("snapshot") for op in f["ops"]))
+)
+def test_every_envelope_of_a_run_gives_the_stored_state(name: str) -> None:
+    """Reduced from its envelopes alone, a run has the stored snapshot's status, steps,
+    tool calls, usage and final text."""
+    fixture = FIXTURES[name]
+    view, snapshot = replay(fixture), fixture["snapshot"]
+    completed = [step for step in view["steps"] if step["completed"]]
+    assert view["status"] == snapshot["status"]
+    assert len(completed) == snapshot["step_count"]
+    assert [s["number"] for s in completed][-len(snapshot["steps"]) :] == [
+        s["step_number"] for s in snapshot["steps"]
+    ]
+    by_number = {step["number"]: step for step in completed}
+    for stored in snapshot["steps"]:
+        mine = sorted(tool["id"] for tool in by_number[stored["step_number"]]["tools"])
+        assert mine == sorted(call["id"] for call in stored.get("tool_calls") or [])
+    assert view["usage"]["total"] == snapshot["usage"]["total"]
+    assert final_text(view, completed_only=True) == _last_assistant(snapshot)
+
+
+POSITIONED = [name for name, f in FIXTURES.items() if all(op.get("position") for op in f["ops"])]
+
+
+@pytest.mark.parametrize("name", POSITIONED)
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_duplicates_and_replays_fold_idempotently_by_position(
+    name: str, data: st.DataObject
+) -> None:
+    """Any replay of envelopes already applied (each at its position), anywhere, leaves
+    the view the run builds unchanged."""
+    fixture = FIXTURES[name]
+    ops = list(fixture["ops"])
+    for _ in range(data.draw(st.integers(0, 4))):
+        cut = data.draw(st.integers(1, len(ops)))
+        start = data.draw(st.integers(0, cut - 1))
+        ops[cut:cut] = ops[start:cut]
+    assert replay(fixture, ops) == fixture["expected"]["view"]

@@ -1,0 +1,610 @@
+"""The sessions page and the run page in a real browser (Debian's chromium via
+playwright), served by a real demo server.
+
+The run index endpoints (GET /api/sessions, .../runs, .../trace) are not on this branch
+yet: the browser's requests for those three paths go to the STAND-IN in
+``index_standin.py``, a Starlette app on a real socket serving the contract from runs
+recorded from real servers (the golden runs). Everything else (pages, scripts, the
+client kit) comes from the real server. After the endpoints merge, record the runs on
+the real server and drop :func:`route_index`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, BrowserContext, Page, expect
+
+from tests.e2e.frontend.index_standin import (
+    IndexStandIn,
+    RecordedRun,
+    golden_records,
+    long_run,
+    renamed,
+    route_index,
+    split,
+)
+from tests.support.processes import ServerProcess
+from tests.support.threaded import served_in_thread
+
+pytestmark = pytest.mark.browser
+
+WAIT_MS = 20_000
+PRIVATE_SESSION = "s-private-4f1c"
+PRIVATE_TOKEN = "token-of-the-private-session"
+
+
+def preview(snapshot: dict[str, Any] | None) -> str:
+    """The run's input, from its stored state (the envelopes do not carry it)."""
+    for message in (snapshot or {}).get("messages", []):
+        if message.get("role") == "user":
+            return str(message.get("content") or "")
+    return ""
+
+
+def recorded(name: str) -> list[RecordedRun]:
+    records, snapshot = golden_records(name)
+    return [RecordedRun(run, input_preview=preview(snapshot)) for run in split(records)]
+
+
+@pytest.fixture(scope="module")
+def demo() -> Iterator[ServerProcess]:
+    """One real demo server for the module (it serves the pages and the client kit)."""
+    server = ServerProcess(["--demo"]).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def standin_server() -> Iterator[tuple[IndexStandIn, str]]:
+    standin = IndexStandIn()
+    with served_in_thread(standin.app, "index stand-in") as port:
+        yield standin, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def standin(standin_server: tuple[IndexStandIn, str]) -> IndexStandIn:
+    """The stand-in holding the golden runs, a session with two runs and a private one."""
+    standin, _ = standin_server
+    standin.runs = []
+    standin.requests.clear()
+    for name in ("completed", "failed-last-step", "routed", "second-run", "framework-langgraph"):
+        for run in recorded(name):
+            standin.add(run)
+    records, _ = golden_records("failed-last-step")
+    standin.add(
+        RecordedRun(
+            renamed(records, PRIVATE_SESSION),
+            input_preview="a private question",
+            private=True,
+            token=PRIVATE_TOKEN,
+        )
+    )
+    return standin
+
+
+@pytest.fixture
+def context(browser: Browser, standin_server: tuple[IndexStandIn, str]) -> Iterator[BrowserContext]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
+    route_index(context, standin_server[1])
+    yield context
+    context.close()
+
+
+@pytest.fixture
+def page(context: BrowserContext) -> Iterator[Page]:
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    yield page
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+def screenshot(page: Page, folder: Path, name: str) -> None:
+    """Save the whole page at 1280 px and at 390 px wide as artifacts."""
+    page.screenshot(path=folder / f"{name}-1280.png", full_page=True)
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.screenshot(path=folder / f"{name}-390.png", full_page=True)
+    page.set_viewport_size({"width": 1280, "height": 900})
+
+
+def open_sessions(page: Page, demo: ServerProcess, query: str = "") -> None:
+    page.goto(f"{demo.url}/demo/sessions.html{query}")
+    expect(page.locator("body")).to_have_attribute("data-ready", "true", timeout=WAIT_MS)
+
+
+def rows(page: Page) -> Any:
+    return page.locator("#sessions tbody tr")
+
+
+def open_run(
+    page: Page, demo: ServerProcess, session: str, execution: str = "", extra: str = ""
+) -> None:
+    query = f"?session={session}" + (f"&execution={execution}" if execution else "") + extra
+    page.goto(f"{demo.url}/demo/run.html{query}")
+    expect(page.locator("body")).to_have_attribute(
+        "data-rendered", re.compile("x-"), timeout=WAIT_MS
+    )
+
+
+def run_of(standin: IndexStandIn, name: str, index: int = 0) -> RecordedRun:
+    session = golden_records(name)[0][0]["envelope"]["session_id"]
+    return [run for run in standin.runs if run.session_id == session][index]
+
+
+# --- the sessions page ---------------------------------------------------------------------
+
+
+def test_the_sessions_page_lists_runs_newest_first_with_badges_duration_and_tokens(
+    page: Page, demo: ServerProcess, standin: IndexStandIn, artifacts: Path
+) -> None:
+    open_sessions(page, demo)
+    public = [run.summary for run in standin.runs if not run.private]
+    expect(rows(page)).to_have_count(len(public), timeout=WAIT_MS)
+    newest = sorted(public, key=lambda s: s["started_at"], reverse=True)
+    executions = rows(page).evaluate_all("rows => rows.map(row => row.dataset.executionId)")
+    assert executions == [s["execution_id"] for s in newest]
+    failed = run_of(standin, "failed-last-step").summary
+    row = page.locator(f'tr[data-execution-id="{failed["execution_id"]}"]')
+    expect(row.locator(".badge")).to_have_text("failed")
+    expect(row.locator(".badge")).to_have_attribute("data-status", "failed")
+    cells = row.locator("td")
+    expect(cells.nth(3)).to_contain_text("[fail:model]")
+    expect(cells.nth(5)).to_have_text(re.compile(r"^\d+ ms$"))  # 10 ms of recorded run
+    expect(cells.nth(6)).to_have_text(str(failed["steps"]))
+    expect(cells.nth(8)).to_have_text(str(failed["tokens"]["total"]))
+    expect(cells.nth(10)).to_have_text("ErrorPolicyCriterion")
+    screenshot(page, artifacts, "sessions")
+
+
+def test_a_private_session_is_not_listed_and_its_run_page_is_refused_without_the_token(
+    page: Page, demo: ServerProcess, standin: IndexStandIn
+) -> None:
+    open_sessions(page, demo)
+    expect(rows(page).first).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator(f'tr[data-session-id="{PRIVATE_SESSION}"]')).to_have_count(0)
+    expect(page.locator("#sessions")).not_to_contain_text("a private question")
+    # Nor found by searching for it.
+    page.get_by_label("Search").fill(PRIVATE_SESSION)
+    page.get_by_role("button", name="Apply").click()
+    expect(page.locator("#list-empty")).to_be_visible(timeout=WAIT_MS)
+    # Its run page says it is refused; with the token (in the fragment) it opens.
+    page.goto(f"{demo.url}/demo/run.html?session={PRIVATE_SESSION}")
+    expect(page.get_by_role("alert")).to_contain_text("private", timeout=WAIT_MS)
+    expect(page.get_by_role("alert")).to_contain_text("403")
+    page.goto(f"{demo.url}/demo/run.html?session={PRIVATE_SESSION}#token={PRIVATE_TOKEN}")
+    page.reload()
+    expect(page.locator("#run-status")).to_have_text("failed", timeout=WAIT_MS)
+    assert any(
+        path.startswith(f"/api/sessions/{PRIVATE_SESSION}/runs") and status == 403
+        for path, status in standin.requests
+    )
+
+
+def test_the_filters_and_search_narrow_the_list_and_bad_input_is_reported(
+    page: Page, demo: ServerProcess, standin: IndexStandIn
+) -> None:
+    open_sessions(page, demo)
+    expect(rows(page).first).to_be_visible(timeout=WAIT_MS)
+    page.get_by_label("Status").select_option("failed")
+    failed = [r.summary for r in standin.runs if r.summary["status"] == "failed" and not r.private]
+    expect(rows(page)).to_have_count(len(failed), timeout=WAIT_MS)
+    for badge in page.locator("#sessions tbody .badge").all():
+        expect(badge).to_have_text("failed")
+    page.get_by_label("Status").select_option("")
+    page.get_by_label("Resolved by").fill("ContinuationDecider")
+    page.get_by_role("button", name="Apply").click()
+    routed = run_of(standin, "routed").summary
+    expect(rows(page)).to_have_count(1, timeout=WAIT_MS)
+    expect(rows(page).first).to_have_attribute("data-execution-id", routed["execution_id"])
+    page.get_by_role("button", name="Clear").click()
+    page.get_by_label("Search").fill("FAIL:MODEL")
+    page.get_by_role("button", name="Apply").click()
+    expect(rows(page)).to_have_count(3, timeout=WAIT_MS)  # failed-last-step, second-run x2
+    assert "q=FAIL%3AMODEL" in page.url
+    # A time range after every run leaves nothing; the stand-in answered the query.
+    page.get_by_label("From").fill("2099-01-01T00:00:00")
+    page.get_by_role("button", name="Apply").click()
+    expect(page.locator("#list-empty")).to_be_visible(timeout=WAIT_MS)
+    assert any("from=" in path for path, _ in standin.requests)
+    # A 400 from the server is shown with its message.
+    page.goto(f"{demo.url}/demo/sessions.html?status=bogus")
+    expect(page.locator("#list-error")).to_contain_text("status must be one of", timeout=WAIT_MS)
+
+
+def test_the_list_updates_live_as_a_run_starts_and_ends_and_idle_polls_are_304(
+    page: Page, demo: ServerProcess, standin: IndexStandIn
+) -> None:
+    open_sessions(page, demo)
+    expect(rows(page)).to_have_count(len(standin.runs) - 1, timeout=WAIT_MS)
+    # An idle poll is answered 304 (If-None-Match with the ETag of the last answer).
+    page.wait_for_function("window.sessionsPage.notModified >= 1", timeout=WAIT_MS)
+    records = renamed(golden_records("framework-pydantic-ai")[0], "s-started-later")
+    running = standin.add(RecordedRun(records[:3], input_preview="a new run, still going"))
+    row = page.locator('tr[data-session-id="s-started-later"]')
+    expect(row.locator(".badge")).to_have_text("running", timeout=WAIT_MS)
+    standin.replace(running, RecordedRun(records, input_preview="a new run, still going"))
+    expect(row.locator(".badge")).to_have_text("completed", timeout=WAIT_MS)
+    expect(row.locator("td").nth(6)).not_to_have_text("0")
+    # The poll went on sending the ETag it got.
+    assert any(status == 304 for _, status in standin.requests)
+
+
+def test_a_row_opens_the_run_page_of_that_run(
+    page: Page, demo: ServerProcess, standin: IndexStandIn
+) -> None:
+    open_sessions(page, demo)
+    routed = run_of(standin, "routed").summary
+    page.locator(f'tr[data-execution-id="{routed["execution_id"]}"] td').nth(3).click()
+    expect(page).to_have_url(re.compile(r"/demo/run\.html\?session=.*execution="), timeout=WAIT_MS)
+    expect(page.locator("#execution-id")).to_have_text(routed["execution_id"], timeout=WAIT_MS)
+    expect(page.locator("#run-status")).to_have_text("completed")
+
+
+# --- the run page ----------------------------------------------------------------------------
+
+
+def test_two_runs_on_one_session_are_shown_apart_each_with_its_own_totals(
+    page: Page, demo: ServerProcess, standin: IndexStandIn
+) -> None:
+    first, second = run_of(standin, "second-run", 0), run_of(standin, "second-run", 1)
+    open_run(page, demo, first.session_id)
+    items = page.locator("#run-list > li")
+    expect(items).to_have_count(2)
+    expect(items.nth(0)).to_contain_text("failed")
+    expect(items.nth(0)).to_contain_text(f"{first.summary['steps']} steps")
+    expect(items.nth(1)).to_contain_text("completed")
+    expect(items.nth(1)).to_contain_text(f"{second.summary['steps']} steps")
+    # The run boundaries, as channel positions: 0f2d178a:1-11, then 12-28.
+    for item, run in ((items.nth(0), first), (items.nth(1), second)):
+        bounds = f"positions {run.records[0]['position']} \u2013 {run.records[-1]['position']}"
+        expect(item.locator(".run-positions")).to_have_text(bounds)
+    # The latest run is shown: only its own steps (3, 4, 5) and totals.
+    expect(page.locator("#execution-id")).to_have_text(second.execution_id)
+    expect(page.locator("#run-status")).to_have_text("completed")
+    expect(page.locator("#run-steps")).to_have_text("3")
+    expect(page.locator("#run-tokens")).to_have_text(str(second.summary["tokens"]["total"]))
+    steps = page.locator('#waterfall li[data-kind="step"] .span-name')
+    expect(steps).to_have_text(["Step 3", "Step 4", "Step 5"])
+    expect(page.locator("#run-envelopes")).to_have_text(str(len(second.records)))
+    # The first run, chosen in the selector: its two steps, failed, with its error.
+    items.nth(0).get_by_role("button").click()
+    expect(page.locator("#execution-id")).to_have_text(first.execution_id)
+    expect(page.locator("#run-status")).to_have_text("failed")
+    expect(steps).to_have_text(["Step 1", "Step 2"])
+    expect(page.locator("#run-steps")).to_have_text("2")
+    expect(page.locator("#run-error")).to_be_visible()
+    expect(page.locator("#run-tokens")).to_have_text(str(first.summary["tokens"]["total"]))
+    assert f"execution={first.execution_id}" in page.url
+
+
+def test_the_waterfall_puts_steps_model_and_tool_calls_on_one_time_axis(
+    page: Page, demo: ServerProcess, standin: IndexStandIn, artifacts: Path
+) -> None:
+    run = run_of(standin, "completed")
+    open_run(page, demo, run.session_id)
+    waterfall = page.locator("#waterfall")
+    kinds = waterfall.locator("li").evaluate_all("rows => rows.map(r => r.dataset.kind)")
+    assert kinds == ["step", "model", "tool", "step", "model", "tool", "step", "model"], kinds
+    tool = waterfall.locator('li[data-tool-call-id="call_weather_1"]')
+    expect(tool.locator(".span-name")).to_have_text("get_weather")
+    expect(tool).to_have_attribute("data-depth", "1")
+    # Start offsets come from the envelope timestamps: step 3 starts 98 ms after the run.
+    step3 = waterfall.locator('li[data-kind="step"][data-step="3"]')
+    expect(step3.locator(".span-time")).to_have_text(re.compile(r"^\+98 ms · 72 ms$"))
+    left = step3.locator(".span-bar").evaluate("bar => parseFloat(bar.style.left)")
+    assert 50 < left < 60, left  # 98 of 171 ms
+    expect(page.locator("#waterfall-scale")).to_have_text("0 \u2013 171 ms")
+    page.locator("#inspector .envelope-line").nth(4).click()
+    screenshot(page, artifacts, "run-page")
+
+
+def test_a_routed_capabilitys_work_is_nested_under_its_call(
+    page: Page, demo: ServerProcess, standin: IndexStandIn, artifacts: Path
+) -> None:
+    run = run_of(standin, "routed")
+    open_run(page, demo, run.session_id)
+    rows_ = page.locator("#waterfall li")
+    found = rows_.evaluate_all(
+        "rows => rows.map(r => [r.dataset.kind, r.dataset.depth,"
+        " r.querySelector('.span-name').textContent])"
+    )
+    assert found == [
+        ["step", "0", "Step 1"],
+        ["stage", "1", "intent_classifier"],
+        ["capability", "1", "weather_agent"],
+        ["stage", "2", "continuation_decider"],
+    ], found
+    capability = page.locator('#waterfall li[data-kind="capability"]')
+    expect(capability.locator(".span-detail")).to_contain_text("In Oslo it is cloudy")
+    screenshot(page, artifacts, "run-page-routed")
+
+
+def test_the_continuation_panel_says_who_forbade_requested_won_and_by_which_rule(
+    page: Page, demo: ServerProcess, standin: IndexStandIn
+) -> None:
+    run = run_of(standin, "failed-last-step")
+    open_run(page, demo, run.session_id)
+    step1 = page.locator('#continuations article[data-step="1"]')
+    expect(step1.locator(".why-forbade dd")).to_have_text("none")
+    expect(step1.locator(".why-requested dd")).to_have_text("ToolCallPresenceCheck")
+    expect(step1.locator(".why-winner dd")).to_have_text("ToolCallPresenceCheck")
+    expect(step1.locator(".why-rule dd")).to_contain_text("request beats stop")
+    step2 = page.locator('#continuations article[data-step="2"]')
+    expect(step2).to_have_attribute("data-decision", "stop")
+    expect(step2.locator(".why-forbade dd")).to_have_text("StepsLimit, ErrorPolicyCriterion")
+    expect(step2.locator(".why-winner dd")).to_have_text("ErrorPolicyCriterion")
+    expect(step2.locator(".why-rule dd")).to_contain_text("errors win")
+    expect(step2.locator("tr.winner td").first).to_have_text("ErrorPolicyCriterion")
+
+
+def test_the_inspector_shows_every_envelope_filters_expands_and_copies(
+    page: Page, context: BrowserContext, demo: ServerProcess, standin: IndexStandIn
+) -> None:
+    context.grant_permissions(["clipboard-read", "clipboard-write"])
+    run = run_of(standin, "completed")
+    open_run(page, demo, run.session_id)
+    envelopes = page.locator("#inspector > li")
+    expect(envelopes).to_have_count(len(run.records))
+    first = envelopes.first
+    expect(first.locator(".envelope-position")).to_have_text(run.records[0]["position"])
+    expect(first.locator(".envelope-type")).to_have_text("agent.status")
+    page.locator("#filter-type").select_option("agent.tool.completed")
+    expect(envelopes).to_have_count(2)
+    page.locator("#filter-type").select_option("")
+    page.locator("#filter-step").select_option("3")
+    expect(envelopes).to_have_count(5)  # started, 2 chunks, continuation, completed
+    page.locator("#filter-step").select_option("")
+    page.locator("#filter-tool").select_option("call_calc_1")
+    expect(envelopes).to_have_count(2)
+    line = envelopes.first.locator(".envelope-line")
+    line.click()
+    expect(line).to_have_attribute("aria-expanded", "true")
+    shown = json.loads(envelopes.first.locator("pre").inner_text())
+    started = next(
+        r for r in run.records if r["envelope"]["payload"].get("tool_call_id") == "call_calc_1"
+    )
+    assert shown == started["envelope"]
+    envelopes.first.get_by_role("button", name="Copy").click()
+    expect(envelopes.first.get_by_role("button", name="Copied")).to_be_visible()
+    assert json.loads(page.evaluate("navigator.clipboard.readText()")) == started["envelope"]
+
+
+def test_a_run_of_2000_envelopes_is_paginated_with_none_left_out(
+    page: Page, demo: ServerProcess, standin: IndexStandIn
+) -> None:
+    run = standin.add(RecordedRun(long_run(2000, "s-long-inspector")))
+    open_run(page, demo, run.session_id)
+    expect(page.locator("#inspector-count")).to_have_text("2,000 envelopes")
+    expect(page.locator("#inspector > li")).to_have_count(100)
+    expect(page.locator("#page-info")).to_have_text("page 1 of 20")
+    page.get_by_role("button", name="Next").click()
+    expect(page.locator("#page-info")).to_have_text("page 2 of 20")
+    expect(page.locator("#inspector .envelope-index").first).to_have_text("#101")
+    page.get_by_role("button", name="Last").click()
+    expect(page.locator("#page-info")).to_have_text("page 20 of 20")
+    last = page.locator("#inspector > li").last
+    expect(last.locator(".envelope-index")).to_have_text("#2000")
+    expect(last.locator(".envelope-position")).to_have_text(run.records[-1]["position"])
+    expect(page.get_by_role("button", name="Next")).to_be_disabled()
+    page.get_by_role("button", name="Previous").click()
+    expect(page.locator("#inspector .envelope-index").first).to_have_text("#1801")
+    # Filters apply to all 2,000: one agent.status at each end.
+    page.locator("#filter-type").select_option("agent.status")
+    expect(page.locator("#inspector > li")).to_have_count(2)
+    expect(page.locator("#inspector .envelope-index")).to_have_text(["#1", "#2000"])
+    expect(page.locator("#page-info")).to_have_text("page 1 of 1")
+    expect(page.locator('#waterfall li[data-kind="step"]')).to_have_count(run.summary["steps"])
+
+
+def test_model_and_tool_text_is_shown_as_text_never_as_html(
+    page: Page, demo: ServerProcess, standin: IndexStandIn
+) -> None:
+    records, _ = golden_records("completed")
+    hostile = '<img src=x onerror="window.__xss=1">'
+    tampered = []
+    for record in renamed(records, "s-hostile"):
+        envelope = json.loads(json.dumps(record["envelope"]))
+        payload = envelope["payload"]
+        for key in ("chunk", "result_summary", "args_summary", "reason", "error_message"):
+            if isinstance(payload.get(key), str):
+                payload[key] = hostile
+        for evaluation in payload.get("evaluations", []):
+            evaluation["reason"] = hostile
+        tampered.append({"position": record["position"], "envelope": envelope})
+    standin.add(RecordedRun(tampered, input_preview=hostile))
+    open_sessions(page, demo)
+    expect(page.locator('tr[data-session-id="s-hostile"] .preview')).to_have_text(hostile)
+    open_run(page, demo, "s-hostile")
+    page.locator("#inspector .envelope-line").nth(2).click()
+    expect(page.locator("#inspector pre")).to_contain_text(hostile.replace('"', '\\"'))
+    expect(page.locator("#continuations td").filter(has_text=hostile).first).to_be_visible()
+    expect(page.locator("#waterfall .span-detail").filter(has_text=hostile).first).to_be_visible()
+    assert page.locator("img").count() == 0
+    assert page.evaluate("window.__xss") is None
+
+
+def test_two_runs_compared_side_by_side_with_the_first_divergence_highlighted(
+    page: Page, demo: ServerProcess, standin: IndexStandIn, artifacts: Path
+) -> None:
+    first, second = run_of(standin, "second-run", 0), run_of(standin, "second-run", 1)
+    open_run(page, demo, first.session_id, first.execution_id, f"&compare={second.execution_id}")
+    table = page.locator("#compare")
+    expect(table).to_be_visible()
+    expect(table.locator("tbody tr")).to_have_count(3)  # two steps against three
+    expect(table.locator("tbody tr").nth(0)).to_contain_text("Steps 1 / 3")
+    # The second run's first step read a longer history: the tokens differ first.
+    divergent = table.locator("tbody tr.first-divergence")
+    expect(divergent).to_have_count(1)
+    expect(divergent).to_have_attribute("data-index", "1")
+    expect(divergent).to_have_attribute("data-differs", "tokens")
+    marked = divergent.locator(".first-divergence")
+    expect(marked).to_have_count(2)
+    expect(marked.first).to_have_attribute("data-field", "tokens")
+    expect(page.locator("#compare-verdict")).to_have_text(
+        "First divergence: step #1 of each run, tokens."
+    )
+    # Then the tool calls: none in the failed run's step 2, the calculator in step 4.
+    second_row = table.locator('tbody tr[data-index="2"]')
+    expect(second_row).to_have_attribute("data-differs", re.compile("^tools arguments"))
+    expect(second_row.locator("td .fact-tools.differs")).to_have_count(2)
+    expect(second_row.locator("td").nth(1)).to_contain_text("calculator")
+    expect(table.locator('tbody tr[data-index="3"] td').first).to_contain_text("no such step")
+    screenshot(page, artifacts, "run-page-compare")
+    # The same run on both sides: no divergence.
+    page.get_by_label("with run").select_option(first.execution_id)
+    expect(page.locator("#compare-verdict")).to_contain_text("Choose another run")
+    page.locator("#run-list > li").nth(1).get_by_role("button").click()
+    page.get_by_label("with run").select_option(first.execution_id)
+    expect(page.locator("#compare-verdict")).to_contain_text("First divergence: step #1")
+
+
+def test_a_run_is_exported_as_json_and_otlp_from_the_trace_endpoint(
+    page: Page, demo: ServerProcess, standin: IndexStandIn
+) -> None:
+    run = run_of(standin, "completed")
+    open_run(page, demo, run.session_id)
+    links = {}
+    for name in ("JSON", "OTLP"):
+        link = page.get_by_role("link", name=name)
+        links[name] = (link.get_attribute("href"), link.get_attribute("download"))
+    session, execution = run.session_id, run.execution_id
+    assert links == {
+        "JSON": (
+            f"/api/sessions/{session}/trace?execution_id={execution}&format=json",
+            f"{session}-{execution}.json",
+        ),
+        "OTLP": (
+            f"/api/sessions/{session}/trace?execution_id={execution}&format=otlp",
+            f"{session}-{execution}.otlp.json",
+        ),
+    }
+    # What the links download, fetched by the page itself.
+    fetched = page.evaluate(
+        """async (hrefs) => Promise.all(hrefs.map(async (href) => {
+            const response = await fetch(href);
+            return [response.headers.get("Content-Disposition"), await response.json()];
+        }))""",
+        [links["JSON"][0], links["OTLP"][0]],
+    )
+    (json_disposition, body), (otlp_disposition, otlp) = fetched
+    assert json_disposition == f'attachment; filename="{session}-{execution}.json"'
+    assert body["envelopes"] == run.records
+    assert otlp_disposition == f'attachment; filename="{session}-{execution}.otlp.json"'
+    spans = otlp["resourceSpans"][0]
+    names = [span["name"] for scope in spans["scopeSpans"] for span in scope["spans"]]
+    assert "execute_tool get_weather" in names, names
+
+
+# --- the run page following a session's channel (no index of it) -------------------------------
+
+
+def post_run(url: str, question: str, session: str | None = None, pace: int = 40) -> str:
+    body: dict[str, Any] = {"input": question, "pace_ms": pace}
+    if session:
+        body["session_id"] = session
+    response = httpx.post(f"{url}/run", json=body, timeout=10)
+    assert response.status_code == 202, response.text
+    return str(response.json()["session_id"])
+
+
+def test_without_an_index_the_run_page_follows_the_channel_and_keeps_two_runs_apart(
+    page: Page, demo: ServerProcess, standin: IndexStandIn
+) -> None:
+    """Real runs on the real demo server, none in the index: the page reads the
+    session's channel (history, then live), splits the runs by execution id and shows
+    the second one as it starts, steps 4-6 apart from the first run's 1-3."""
+    session = post_run(demo.url, "What is the weather in Lisbon?")
+    page.goto(f"{demo.url}/demo/run.html?session={session}&source=live")
+    expect(page.locator("#source")).to_have_text("live from the channel", timeout=WAIT_MS)
+    expect(page.locator("#run-status")).to_have_text("completed", timeout=WAIT_MS)
+    steps = page.locator('#waterfall li[data-kind="step"] .span-name')
+    expect(steps).to_have_text(["Step 1", "Step 2", "Step 3"])
+    first_execution = page.locator("#execution-id").text_content() or ""
+    first_tokens = page.locator("#run-tokens").inner_text()
+
+    post_run(demo.url, "And what is the weather in Oslo?", session=session, pace=150)
+    items = page.locator("#run-list > li")
+    expect(items).to_have_count(2, timeout=WAIT_MS)
+    expect(page.locator("#execution-id")).not_to_have_text(first_execution)
+    expect(page.locator("#run-status")).to_have_text("completed", timeout=WAIT_MS)
+    expect(steps).to_have_text(["Step 4", "Step 5", "Step 6"])
+    expect(page.locator("#run-steps")).to_have_text("3")
+    expect(items.nth(0)).to_contain_text("3 steps")
+    expect(items.nth(1)).to_contain_text("3 steps")
+    expect(page.locator("#inspector .envelope-type").first).to_have_text("agent.status")
+    # The first run is still its own: three steps, its own tokens.
+    items.nth(0).get_by_role("button").click()
+    expect(page.locator("#execution-id")).to_have_text(first_execution)
+    expect(steps).to_have_text(["Step 1", "Step 2", "Step 3"])
+    expect(page.locator("#run-tokens")).to_have_text(first_tokens)
+    # Exported from the envelopes received (the trace endpoint's shape).
+    exported = page.evaluate(
+        "async () => (await fetch(document.getElementById('export-json').href)).json()"
+    )
+    assert exported["execution_id"] == first_execution
+    assert [r["envelope"]["type"] for r in exported["envelopes"]][-1] == "agent.status"
+    assert all(r["envelope"]["execution_id"] == first_execution for r in exported["envelopes"])
+    expect(page.get_by_role("link", name="OTLP")).to_be_hidden()  # needs the trace endpoint
+    assert f"execution={first_execution}" in page.url
+    assert "source=live" in page.url
+
+
+def test_the_live_page_links_to_its_sessions_runs(
+    page: Page, demo: ServerProcess, standin: IndexStandIn
+) -> None:
+    page.goto(f"{demo.url}/")
+    expect(page.locator("body")).to_have_attribute("data-ready", "true", timeout=WAIT_MS)
+    page.get_by_label("Ask the agent").fill("What is the weather in Lisbon?")
+    page.get_by_role("button", name="Start run").click()
+    expect(page.get_by_label("Run status")).to_have_text("completed", timeout=WAIT_MS)
+    session = page.locator("#session-id").inner_text().strip()
+    page.get_by_role("link", name="Runs of this session").click()
+    expect(page).to_have_url(re.compile(rf"/demo/run\.html\?session={session}"))
+    # Not in the index (the stand-in answers 404): the page falls back to the channel.
+    expect(page.locator("#source")).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("#run-status")).to_have_text("completed", timeout=WAIT_MS)
+    expect(page.locator("#run-list > li")).to_have_count(1)
+
+
+def test_two_runs_of_different_sessions_ticked_on_the_list_are_compared(
+    page: Page, demo: ServerProcess, standin: IndexStandIn
+) -> None:
+    completed, later = run_of(standin, "completed"), run_of(standin, "second-run", 1)
+    open_sessions(page, demo)
+    link = page.get_by_role("link", name="Compare the two selected runs")
+    page.get_by_label(f"Compare {completed.execution_id}").check()
+    expect(link).to_be_hidden()
+    page.get_by_label(f"Compare {later.execution_id}").check()
+    expect(page).to_have_url(re.compile(r"/demo/sessions\.html"))  # ticking opens nothing
+    link.click()
+    expect(page).to_have_url(re.compile(rf"compare_session={later.session_id}"), timeout=WAIT_MS)
+    expect(page.locator("#execution-id")).to_have_text(completed.execution_id, timeout=WAIT_MS)
+    expect(page.locator("#compare-right-head")).to_contain_text(later.session_id)
+    expect(page.locator("#compare tbody tr")).to_have_count(3)
+    # The same three steps, tool calls and decisions; the later run read a longer history.
+    expect(page.locator("#compare-verdict")).to_have_text(
+        "First divergence: step #1 of each run, tokens."
+    )
+    expect(page.locator("#compare tbody tr").first).to_have_attribute("data-differs", "tokens")
+
+
+def test_a_run_read_while_still_going_offers_to_follow_the_session_live(
+    page: Page, demo: ServerProcess, standin: IndexStandIn
+) -> None:
+    records = renamed(golden_records("completed")[0], "s-still-going")
+    running = standin.add(RecordedRun(records[:6]))
+    open_run(page, demo, running.session_id)
+    expect(page.locator("#run-status")).to_have_text("in progress")
+    expect(page.locator("#run-running")).to_be_visible()
+    href = page.get_by_role("link", name="Follow the session live").get_attribute("href")
+    assert href == f"?session=s-still-going&execution={running.execution_id}&source=live"
+    # A finished run does not offer it.
+    open_run(page, demo, run_of(standin, "completed").session_id)
+    expect(page.locator("#run-running")).to_be_hidden()

@@ -1,3 +1,0 @@
-"""The in-process server and Pusher client fixtures of tests/server, shared here."""
-
-from tests.server.conftest import clients, live, start_server  # noqa: F401

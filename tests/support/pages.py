@@ -1,0 +1,35 @@
+"""Helpers of the Chromium page tests (``page`` is a fixture in
+tests/e2e/frontend/conftest.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from playwright.sync_api import Page, expect
+
+WAIT_MS = 20_000
+
+
+def screenshot(page: Page, folder: Path, name: str) -> None:
+    """Save the page at 1280x800 and at 390 px wide (full page) as artifacts."""
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.screenshot(path=folder / f"{name}-1280x800.png")
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.screenshot(path=folder / f"{name}-390.png", full_page=True)
+    page.set_viewport_size({"width": 1280, "height": 800})
+
+
+def start_run(
+    page: Page, url: str, question: str, pace: str = "40", max_steps: str | None = None
+) -> str:
+    """Open the dashboard, start a run from the input box; returns the session id."""
+    page.goto(url + "/")
+    expect(page.locator("body")).to_have_attribute("data-ready", "true", timeout=WAIT_MS)
+    page.get_by_label("Ask the agent").fill(question)
+    page.get_by_label("Pace").select_option(pace)
+    if max_steps is not None:
+        page.get_by_label("Step limit").select_option(max_steps)
+    page.get_by_role("button", name="Start run").click()
+    session = page.locator("#session-id")
+    expect(session).not_to_have_text("—", timeout=WAIT_MS)
+    return session.inner_text().strip()
