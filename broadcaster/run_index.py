@@ -59,7 +59,7 @@ SESSION_RUNS = 200
 TRACE_BYTES = 2 * 1024 * 1024
 """The most envelope bytes kept per run's trace."""
 PREVIEW_CHARS = 200
-ERROR_CHARS = 500
+MESSAGE_CHARS = 500
 MAX_QUERY = 200
 """The longest ``q`` a list request may search for."""
 
@@ -282,7 +282,7 @@ def summarize(base: RunSummary, envelopes: Iterable[dict[str, Any]]) -> RunSumma
                     status=status,
                     ended_at=_seconds(envelope.get("timestamp")) or time.time(),
                     stop_reason=payload.get("stop_reason"),
-                    error=_clip(payload.get("error_message"), ERROR_CHARS),
+                    error=_clip(payload.get("error_message"), MESSAGE_CHARS),
                     steps=max(run.steps, int(payload.get("step_count") or 0)),
                     tokens={
                         "input": int(usage.get("prompt") or 0),
@@ -482,7 +482,7 @@ class RunRecorder:
                 summary = from_snapshot(summary, snapshot)
             final: Status = "failed" if status == "failed" else "completed"
             summary = replace(
-                summary, status=final, ended_at=time.time(), error=_clip(error, ERROR_CHARS)
+                summary, status=final, ended_at=time.time(), error=_clip(error, MESSAGE_CHARS)
             )
         if capability is not None:
             summary = replace(summary, capability=capability)

