@@ -50,16 +50,19 @@ from broadcaster.publication import Publication
 from broadcaster.signing import signed_params
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from redis.asyncio import Redis
     from redis.asyncio.cluster import RedisCluster
 
-    from broadcaster.node import Node
+    from broadcaster.publication import Position
 
 __all__ = [
     "STATE_TTL",
     "BackendStateStore",
     "BufferedPublisher",
     "InProcessPublisher",
+    "LocalNode",
     "Outgoing",
     "PublishError",
     "Publisher",
@@ -384,6 +387,23 @@ class PusherHTTPPublisher(BufferedPublisher):
             await self._client.aclose()
 
 
+class LocalNode(Protocol):
+    """What :class:`InProcessPublisher` uses of the server's node (``broadcaster.node.
+    Node`` has it; this module, which agent processes import, does not import it)."""
+
+    @property
+    def backend(self) -> Backend: ...
+
+    async def publish(
+        self,
+        app_id: str,
+        channels: Sequence[str],
+        event: str,
+        data: str,
+        exclude_socket_id: str | None = None,
+    ) -> dict[str, Position | None]: ...
+
+
 class InProcessPublisher:
     """Publishes into the node of the server this process runs (no network).
 
@@ -392,7 +412,7 @@ class InProcessPublisher:
     A backend that is unavailable raises :class:`PublishError` (retryable).
     """
 
-    def __init__(self, node: Node, app_id: str) -> None:
+    def __init__(self, node: LocalNode, app_id: str) -> None:
         self._node = node
         self._app_id = app_id
         self.stats = PublisherStats()
@@ -429,8 +449,8 @@ class RedisPublisher(BufferedPublisher):
     Args:
         client: a ``redis.asyncio.Redis`` client of the deployment's Redis (for Redis
             Cluster a ``RedisCluster`` from
-            :func:`broadcaster.backends.redis_cluster.cluster_client`; for Sentinel
-            :func:`broadcaster.backends.redis_sentinel.sentinel_client`).
+            :func:`broadcaster.backends.redis.clients.cluster_client`; for Sentinel
+            :func:`broadcaster.backends.redis.clients.sentinel_client`).
         app_id: the app whose channels receive the envelopes.
         prefix: the deployment's key prefix (the servers' ``--redis-prefix``).
         max_batch: publications one round trip may carry (Redis Cluster: always 1).
@@ -453,7 +473,7 @@ class RedisPublisher(BufferedPublisher):
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
     ) -> None:
-        from broadcaster.backends.redis import DEFAULT_PREFIX
+        from broadcaster.backends.redis.layout import DEFAULT_PREFIX
 
         # What was buffered while a round trip was in flight goes in the next one, as
         # one pipeline: many sessions in one process share round trips. On a cluster a
@@ -471,7 +491,10 @@ class RedisPublisher(BufferedPublisher):
         from redis.asyncio.cluster import RedisCluster
         from redis.exceptions import RedisError
 
-        from broadcaster.backends.redis import publish_many_via_redis
+        from broadcaster.backends.redis.publish import (
+            publish_many_via_redis,
+            publish_via_redis_cluster,
+        )
 
         publications = [
             Publication(self._app_id, item.channel, item.event, item.data) for item in batch
@@ -479,8 +502,6 @@ class RedisPublisher(BufferedPublisher):
         client = self._client
         try:
             if isinstance(client, RedisCluster):  # hash-tagged keys, SPUBLISH
-                from broadcaster.backends.redis_cluster import publish_via_redis_cluster
-
                 for publication in publications:
                     await publish_via_redis_cluster(
                         client,
@@ -554,7 +575,7 @@ class RedisStateStore:
         prefix: str | None = None,
         ttl: float = STATE_TTL,
     ) -> None:
-        from broadcaster.backends.redis import DEFAULT_PREFIX
+        from broadcaster.backends.redis.layout import DEFAULT_PREFIX
 
         self._client = client
         self._app_id = app_id
@@ -562,7 +583,7 @@ class RedisStateStore:
         self._ttl = ttl
 
     async def save(self, channel: str, snapshot: bytes) -> None:
-        from broadcaster.backends.redis import store_value_via_redis
+        from broadcaster.backends.redis.publish import store_value_via_redis
 
         key = state_key(channel)
         await store_value_via_redis(

@@ -55,8 +55,7 @@ from typing import Any, Protocol
 from redis.asyncio import Redis
 from redis.crc import key_slot
 
-from broadcaster.backends.redis import decode_publication
-from broadcaster.backends.redis_cluster import channel_key
+from broadcaster.backends.redis import channel_key, decode_publication
 from tests.reliability.helpers import (
     Publisher,
     Reader,
@@ -148,7 +147,7 @@ class SentinelFaults:
 
     async def history_on(self, replica: ConfiguredRedis, channel: str) -> list[int]:
         """The channel's history as ``replica`` holds it."""
-        return await _history_on(replica, f"{PREFIX}:{APP_ID}:stream:{channel}", False)
+        return await _history_on(replica, channel_key(PREFIX, APP_ID, channel, "stream"), False)
 
     def heal(self, victim: ConfiguredRedis) -> None:
         """Restart the killed node (empty); Sentinel makes it a replica of the promoted

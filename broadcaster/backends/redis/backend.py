@@ -1,38 +1,16 @@
 """The Redis backend: many nodes (processes, hosts) share publications through Redis.
 
-Layout, for ``prefix`` P and app A (app ids and channel names contain no ``:``)::
+One class on every topology: the URL's scheme picks a shard provider
+(:mod:`broadcaster.backends.redis.topology`) that says where the primary is (a
+standalone Redis, the one Sentinel names); Redis Cluster adds sharded pub/sub
+(:mod:`broadcaster.backends.redis.cluster`). Key layout: :mod:`.layout` (one for every
+topology); payload: :mod:`.codec`; scripts: :mod:`.scripts`; raw RESP: :mod:`.resp`;
+what agent processes call: :mod:`.publish`.
 
-    P:A:pub:<channel>        pub/sub channel of the channel's publications
-    P:A:#control             pub/sub channel of the app's control messages
-    P:A:meta:<channel>       hash {e: epoch, o: last offset}
-    P:A:stream:<channel>     stream of the last publications, entry id "<offset>-0"
-    P:A:presence:<channel>   hash socket id -> {"n": node, "u": user id, "i": user info}
-    P:A:subs:<node>          hash channel -> this node's subscription count
-    P:A:subs-nodes           set of nodes that count subscriptions for A
-    P:A:conn-counts          hash node -> its open connections of A (apps with a limit)
-    P:A:conn-nodes           sorted set node -> deadline (Redis time, ms) of those counts
-    P:#node:<node>           heartbeat of a live node (expires after ``node_ttl``)
-    P:A:value:<key>          a stored value (a session's final state)
-    P:{A}:claim:<key>        a claim (lease), e.g. a session's run; tagged as on Redis
-                             Cluster, where the run queue's scripts read it
-
-Pub/sub channels are not scoped by the database number, so deployments that share a
-Redis must use different prefixes.
-
-One publication is one Lua script (:data:`broadcaster.backends._lua.PUBLISH`): epoch,
-offset, stream entry and ``PUBLISH`` happen together, so the delivered position and the
-stored one cannot disagree and delivery order is offset order. The payload
-(:func:`encode_publication`) is a one-line header and the channel event exactly as
-clients receive it, so a node routes and orders it from the header and sends the frame
-without decoding or encoding JSON::
-
-    2 <app_id> <channel> <offset> <epoch> <exclude_socket_id>\n{"event":…,"position":"…"}
-
-(``-`` for a missing offset, epoch or socket id). Payloads of format 1 (a JSON array)
-written by earlier versions stay readable in histories. Agent processes that publish
-straight to Redis use :func:`publish_via_redis`, with the same script and arguments as
-the backend. The backend sends its publications in batches on a connection of their own
-(:meth:`RedisBackend.publish`).
+One publication is one Lua script (:data:`broadcaster.backends.redis.scripts.PUBLISH`):
+epoch, offset, stream entry and ``PUBLISH`` happen together, so the delivered position
+and the stored one cannot disagree and delivery order is offset order. The backend sends
+its publications in batches on a connection of their own (:meth:`RedisBackend.publish`).
 
 Each node ``SUBSCRIBE``\\ s only to the channels its clients use, on one pub/sub
 connection (no socket timeout: a heartbeat ``PING`` checks it) read by one task that
@@ -47,24 +25,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import random
 import re
 import secrets
-import time
 from collections import deque
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, cast
-from urllib.parse import unquote, urlsplit
+from typing import Any, ClassVar
 
-import hiredis
 import orjson
-from redis import __version__ as redis_version
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.connection import AbstractConnection, Connection, parse_url
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import (
     AuthenticationError,
     NoScriptError,
@@ -76,12 +47,10 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from broadcaster.backends import _lua
 from broadcaster.backends.base import (
     DEFAULT_HISTORY_META_TTL,
     DEFAULT_HISTORY_SIZE,
     DEFAULT_HISTORY_TTL,
-    DEFAULT_REDIS_PREFIX,
     BackendUnavailable,
     ControlHandler,
     EncodedHandler,
@@ -94,33 +63,50 @@ from broadcaster.backends.base import (
     check_history_options,
     new_epoch,
 )
-from broadcaster.protocol import channel_event_publication
+from broadcaster.backends.redis import scripts
+from broadcaster.backends.redis.codec import (
+    decode_publication,
+    encode_publication,
+    ms,
+    position_of,
+    split_payload,
+    text,
+)
+from broadcaster.backends.redis.layout import (
+    DEFAULT_PREFIX,
+    app_key,
+    channel_key,
+    claim_key,
+    control_channel,
+    nodes_key,
+    probe_key,
+    publication_channel,
+    value_key,
+)
+from broadcaster.backends.redis.publish import (
+    check_wait,
+    claim_via_redis,
+    publish_script_args,
+    release_via_redis,
+    store_value_via_redis,
+)
+from broadcaster.backends.redis.resp import (
+    PubSubReader,
+    ReplyReader,
+    pack_commands,
+    round_trip,
+    take_over,
+)
+from broadcaster.backends.redis.topology import topology_for
 from broadcaster.publication import Position, Publication
 
-if TYPE_CHECKING:
-    from redis.asyncio.cluster import RedisCluster
-
-__all__ = [
-    "DEFAULT_PREFIX",
-    "FORMAT_VERSION",
-    "RedisBackend",
-    "decode_publication",
-    "encode_publication",
-    "publish_many_via_redis",
-    "publish_via_redis",
-    "split_payload",
-    "store_value_via_redis",
-    "value_key",
-]
-
-DEFAULT_PREFIX = DEFAULT_REDIS_PREFIX
-FORMAT_VERSION = 2
+__all__ = ["DEFAULT_PREFIX", "RedisBackend"]
 
 log = logging.getLogger(__name__)
 
-_ERRORS = (RedisError, OSError)
-_MAX_CONNECTIONS = 100  # to Redis, besides the pub/sub connection
-_POOL_WAIT = 10  # command timeouts a command may wait for a free connection
+ERRORS = (RedisError, OSError)
+"""Errors of a command to Redis."""
+_ERRORS = ERRORS
 _PROBE_INTERVAL = 1.0  # seconds between readiness PINGs (at once after a failed command)
 # Failures that mean Redis did not answer (rather than refused a command).
 _UNANSWERED = (RedisTimeoutError, RedisConnectionError, OSError)
@@ -135,7 +121,7 @@ _PROBE_TTL_MS = 10_000  # the write-probe key's lifetime
 
 
 @dataclass(frozen=True, slots=True)
-class _Outgoing:
+class Outgoing:
     """A publication waiting for this tick's pipeline, and its caller's future."""
 
     publication: Publication
@@ -144,539 +130,6 @@ class _Outgoing:
 
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
-
-
-# -- the wire format --------------------------------------------------------------------
-
-
-def encode_publication(publication: Publication) -> bytes:
-    """The publication as published to Redis without a position (see the module doc):
-    ``2 <app_id> <channel> - - <exclude_socket_id or ->`` and a newline, then the channel
-    event exactly as clients receive it (:func:`broadcaster.protocol.channel_event`).
-
-    Raises:
-        ValueError: the app id, channel or socket id is empty or holds a space or a
-            line break (a node could not route such a publication).
-    """
-    route, exclude = _routing(publication)
-    return route + b" - - " + exclude + b"\n" + _frame_head(publication) + b"}"
-
-
-def script_payload(publication: Publication) -> tuple[bytes, bytes]:
-    """The publish script's two payload parts (``ARGV[2]`` and ``ARGV[7]``): it
-    publishes ``ARGV[2] .. offset .. ' ' .. epoch .. ARGV[7] .. epoch .. ':' .. offset
-    .. '"}'``, the position in both the header and the frame.
-
-    Raises:
-        ValueError: as :func:`encode_publication`.
-    """
-    route, exclude = _routing(publication)
-    return route + b" ", b" " + exclude + b"\n" + _frame_head(publication) + b',"position":"'
-
-
-def _routing(p: Publication) -> tuple[bytes, bytes]:
-    """``2 <app_id> <channel>`` and the excluded socket id (``-`` for none)."""
-    exclude = p.exclude_socket_id
-    for name, value in (("app id", p.app_id), ("channel", p.channel), ("socket id", exclude)):
-        if value is not None and (not value or " " in value or "\n" in value):
-            raise ValueError(f"cannot publish with the {name} {value!r}: empty or with a space")
-    route = b"%d %b %b" % (FORMAT_VERSION, p.app_id.encode(), p.channel.encode())
-    return route, b"-" if exclude is None else exclude.encode()
-
-
-def _frame_head(p: Publication) -> bytes:
-    """The channel event without its position, as :func:`broadcaster.protocol.
-    channel_event` writes it (same keys, same order)."""
-    frame: dict[str, str] = {"event": p.event, "channel": p.channel, "data": p.data}
-    if p.user_id is not None:
-        frame["user_id"] = p.user_id
-    return orjson.dumps(frame)[:-1]
-
-
-def split_payload(payload: bytes) -> tuple[str, str, Position | None, str | None, bytes]:
-    """``(app_id, channel, position, exclude_socket_id, frame)`` of a payload made by
-    :func:`encode_publication` or the publish script, without decoding the frame.
-
-    Raises:
-        ValueError: if ``payload`` is not such a payload.
-    """
-    head, _, frame = payload.partition(b"\n")
-    try:
-        version, app_id, channel, offset, epoch, exclude = head.split(b" ")
-        if version != b"2" or not frame:
-            raise ValueError
-        position = None if offset == b"-" else Position(int(offset), epoch.decode())
-        return (
-            app_id.decode(),
-            channel.decode(),
-            position,
-            None if exclude == b"-" else exclude.decode(),
-            frame,
-        )
-    except ValueError:
-        raise ValueError(f"not a publication payload: {payload[:80]!r}") from None
-
-
-def decode_publication(payload: bytes | str) -> Publication:
-    """Decode a payload made by :func:`encode_publication` (and the publish script), or
-    by a version before 2 (``[1, app_id, channel, event, data, exclude, user_id]`` and
-    ``offset, epoch`` when kept in history), which stays readable in histories.
-
-    Raises:
-        ValueError: if ``payload`` is not such a payload.
-    """
-    raw = payload.encode() if isinstance(payload, str) else payload
-    if raw[:1] != b"[":
-        app_id, channel, position, exclude, frame = split_payload(raw)
-        publication = channel_event_publication(app_id, position, exclude, frame)
-        if publication.channel != channel:
-            raise ValueError(f"not a publication payload: {raw[:80]!r}")
-        return publication
-    try:
-        v = orjson.loads(raw)
-        if v[0] != 1:
-            raise ValueError(f"unknown payload format version {v[0]!r}")
-        if len(v) == 9:
-            return Publication(v[1], v[2], v[3], v[4], v[5], v[6], Position(v[7], v[8]))
-        return Publication(v[1], v[2], v[3], v[4], v[5], v[6])
-    except (orjson.JSONDecodeError, IndexError, KeyError, TypeError) as exc:
-        raise ValueError(f"not a publication payload: {raw[:80]!r}") from exc
-
-
-def publication_channel(prefix: str, app_id: str, channel: str) -> str:
-    """The Redis pub/sub channel of ``channel``'s publications."""
-    return f"{prefix}:{app_id}:pub:{channel}"
-
-
-def value_key(prefix: str, app_id: str, key: str) -> str:
-    """The Redis key of a stored value (see :meth:`RedisBackend.store_value`)."""
-    return f"{prefix}:{app_id}:value:{key}"
-
-
-async def store_value_via_redis(
-    client: Redis | RedisCluster, prefix: str, app_id: str, key: str, value: bytes, ttl: float
-) -> None:
-    """Store a value as the Redis backend does, for processes that run no node (e.g.
-    an agent worker storing a session's final state).
-
-    Raises:
-        ValueError: ``ttl`` is not positive.
-        redis.exceptions.RedisError: from the client.
-    """
-    if not ttl > 0:
-        raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
-    await client.set(value_key(prefix, app_id, key), value, px=_ms(ttl))
-
-
-async def publish_via_redis(
-    client: Redis,
-    prefix: str,
-    publication: Publication,
-    history: bool = True,
-    *,
-    history_size: int = DEFAULT_HISTORY_SIZE,
-    history_ttl: float = DEFAULT_HISTORY_TTL,
-    history_meta_ttl: float = DEFAULT_HISTORY_META_TTL,
-    wait_replicas: int = 0,
-    wait_timeout: float = 1.0,
-) -> Position | None:
-    """Publish ``publication`` to every node of the deployment using ``prefix``, as the
-    Redis backend does; for processes (agents) that publish without running a node.
-
-    Args:
-        client: a ``redis.asyncio.Redis`` client of the deployment's Redis.
-        prefix: the deployment's key prefix (the backend's ``prefix`` option).
-        publication: what to publish; its ``position`` is ignored.
-        history: keep it in the channel's history and give it the next position.
-        history_size: publications kept per channel (as configured on the nodes).
-        history_ttl: seconds the history lives after the channel's last publication.
-        history_meta_ttl: seconds the channel's epoch and offset live.
-        wait_replicas: the durable mode (the servers' ``--redis-wait-replicas``): return
-            only once Redis ``WAIT`` confirms that this many replicas keep it.
-        wait_timeout: seconds ``WAIT`` may wait.
-
-    Returns:
-        The publication's position, or None without ``history``.
-
-    Raises:
-        redis.exceptions.RedisError: from the client.
-        broadcaster.backends.base.NotReplicated: with ``wait_replicas``, fewer replicas
-            confirmed it in time (it may still be in the primary's history).
-    """
-    if history and wait_replicas:
-        positions = await publish_many_via_redis(
-            client,
-            prefix,
-            [publication],
-            history_size=history_size,
-            history_ttl=history_ttl,
-            history_meta_ttl=history_meta_ttl,
-            wait_replicas=wait_replicas,
-            wait_timeout=wait_timeout,
-        )
-        return positions[0]
-    if not history:
-        p = publication
-        await client.publish(
-            publication_channel(prefix, p.app_id, p.channel), encode_publication(p)
-        )
-        return None
-    keys, args = _publish_script_args(
-        prefix, publication, history_size, history_ttl, history_meta_ttl
-    )
-    return _position(await _lua.PUBLISH.run(client, keys, args))
-
-
-async def publish_many_via_redis(
-    client: Redis,
-    prefix: str,
-    publications: Sequence[Publication],
-    *,
-    history_size: int = DEFAULT_HISTORY_SIZE,
-    history_ttl: float = DEFAULT_HISTORY_TTL,
-    history_meta_ttl: float = DEFAULT_HISTORY_META_TTL,
-    wait_replicas: int = 0,
-    wait_timeout: float = 1.0,
-) -> list[Position]:
-    """:func:`publish_via_redis` (with history) for many publications in one round trip
-    (a pipeline), in order; for agent processes publishing many sessions at once. With
-    ``wait_replicas``, a ``WAIT`` ends the round trip (see :func:`publish_via_redis`).
-
-    A connection lost during the round trip raises: Redis may have taken some of the
-    publications, so trying the batch again may publish those twice.
-
-    Raises:
-        redis.exceptions.RedisError: from the client, or the first publication Redis
-            refused (nothing after it was refused for another reason).
-        broadcaster.backends.base.NotReplicated: fewer than ``wait_replicas`` replicas
-            confirmed the batch in time.
-    """
-    _check_wait(wait_replicas, wait_timeout)
-    if not publications:
-        return []
-    script = _lua.PUBLISH
-    # One epoch for the batch (a random draw is a system call): it only serves a channel
-    # that the batch creates. The commands are packed by hiredis and sent on a pooled
-    # connection as one write (redis-py's pipeline costs several times more per command).
-    epoch = new_epoch()
-    commands = []
-    for p in publications:
-        keys, args = _publish_script_args(
-            prefix, p, history_size, history_ttl, history_meta_ttl, epoch
-        )
-        commands.append(("EVALSHA", script.sha, len(keys), *keys, *args))
-    if wait_replicas:  # on the same connection: it confirms the writes sent before it
-        commands.append(("WAIT", wait_replicas, _ms(wait_timeout)))
-    packed = pack_commands(commands)
-    for attempt in (1, 2):
-        results = await _round_trip(client, packed, len(commands), wait_timeout)
-        if attempt == 1 and isinstance(results[0], NoScriptError):
-            # A restarted or flushed Redis: nothing ran (every call is the same script).
-            await client.script_load(script.source)
-            continue
-        break
-    kept = results.pop() if wait_replicas else None
-    for result in results:
-        if isinstance(result, Exception):
-            raise result
-    if wait_replicas and (isinstance(kept, Exception) or int(cast(int, kept)) < wait_replicas):
-        why = f"WAIT failed: {kept}" if isinstance(kept, Exception) else f"{kept} confirmed it"
-        raise NotReplicated(
-            f"not acknowledged: {wait_replicas} Redis replica(s) must keep it and {why} "
-            f"within {wait_timeout:g} s; it may still be in the primary's history"
-        )
-    return [_position(result) for result in results]
-
-
-async def _round_trip(client: Redis, packed: bytes, replies: int, wait: float = 0.0) -> list[Any]:
-    """Send ``packed`` (``replies`` commands) on one of ``client``'s pooled connections
-    and read every reply: a command's error is its reply. A connection that fails
-    midway is closed, not reused (replies may still be on their way). ``wait``: seconds
-    a reply may take beyond the socket timeout (a ``WAIT`` among the commands)."""
-    pool = client.connection_pool
-    conn = await pool.get_connection()  # type: ignore[no-untyped-call]
-    try:
-        return await _replies_on(conn, packed, replies, wait)
-    except BaseException:
-        await conn.disconnect()
-        raise
-    finally:
-        await pool.release(conn)
-
-
-async def _replies_on(
-    conn: AbstractConnection, packed: bytes, replies: int, wait: float
-) -> list[Any]:
-    """Send ``packed`` on ``conn`` and read ``replies`` replies (errors as replies)."""
-    await conn.send_packed_command(packed)
-    timeout = None
-    if wait:
-        socket_timeout = getattr(conn, "socket_timeout", None)
-        timeout = None if socket_timeout is None else socket_timeout + wait
-    results: list[Any] = []
-    for _ in range(replies):
-        try:
-            results.append(await conn.read_response(timeout=timeout))
-        except ResponseError as exc:  # that command's error; the others stand
-            results.append(exc)
-    return results
-
-
-def _publish_script_args(
-    prefix: str,
-    publication: Publication,
-    history_size: int,
-    history_ttl: float,
-    history_meta_ttl: float,
-    epoch: str | None = None,
-) -> tuple[tuple[str, str], tuple[str | int | bytes, ...]]:
-    """``KEYS`` and ``ARGV`` of :data:`broadcaster.backends._lua.PUBLISH`; ``epoch`` is
-    the one a new channel gets (a fresh :func:`new_epoch` unless given)."""
-    p = publication
-    name = publication_channel(prefix, p.app_id, p.channel)
-    keys = (f"{prefix}:{p.app_id}:meta:{p.channel}", f"{prefix}:{p.app_id}:stream:{p.channel}")
-    before, after = script_payload(p)
-    args = (name, before, history_size, _ms(history_ttl), _ms(history_meta_ttl))
-    return keys, (*args, epoch or new_epoch(), after)
-
-
-def pack_commands(commands: Sequence[Sequence[str | int | bytes]]) -> bytes:
-    """``commands`` in the Redis protocol (RESP arrays of bulk strings, text as UTF-8),
-    as one buffer (packed by hiredis: four times faster than in Python)."""
-    # hiredis's stub types the command as a 1-tuple; it takes any number of arguments.
-    return b"".join([hiredis.pack_command(cast(Any, tuple(command))) for command in commands])
-
-
-def _position(reply: Any) -> Position:
-    offset, epoch = reply
-    return Position(int(offset), _text(epoch))
-
-
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def safe_url(url: str) -> str:
-    """``url`` without credentials, for logs and errors."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return "<invalid redis url>"
-    return f"{parts.scheme}://{host}{port}{parts.path}"
-
-
-def parse_hosts(
-    netloc: str, noun: str
-) -> tuple[str | None, str | None, tuple[tuple[str, int], ...]]:
-    """``[user:password@]host:port,host:port`` of a multi-host URL (Sentinels, cluster
-    seeds): the unquoted username and password, and the addresses.
-
-    Raises:
-        ValueError: an address that is not ``host:port`` (``noun`` names them).
-    """
-    userinfo, at, hosts = netloc.rpartition("@")
-    username = password = None
-    if at:
-        user, colon, secret = userinfo.partition(":")
-        username = unquote(user) or None
-        password = unquote(secret) if colon else None
-    addresses = []
-    for address in hosts.split(","):
-        host, colon, port = address.rpartition(":")
-        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"{noun} must be host:port, got {address[:60]!r}")
-        addresses.append((host.strip("[]"), int(port)))
-    return username, password, tuple(addresses)
-
-
-# -- the pub/sub reader -----------------------------------------------------------------
-
-
-class PubSubReader(asyncio.Protocol):
-    """Reads a pub/sub connection as an :class:`asyncio.Protocol`: each wake-up feeds the
-    bytes that arrived to one hiredis reader and hands every complete reply to
-    ``on_reply`` at once, with no task, future or stream buffer per reply.
-
-    With ``read_delay`` > 0, after a wake-up that came within ``read_delay`` of the one
-    before or of the end of the last pause (publications arriving faster than one per
-    ``read_delay``), it stops reading
-    for that long, so the publications that arrive meanwhile are read in one wake-up (one
-    system call, one delivery pass, one write per client) instead of one each: less CPU
-    per message under load, at most ``read_delay`` more latency. Slower traffic is read
-    at once: pausing would batch nothing there, and costs two ``epoll_ctl`` calls and a
-    timer per wake-up.
-
-    It takes over a connected redis-py connection (:func:`take_over`), which keeps
-    redis-py's connection setup (TLS, AUTH, SELECT, Sentinel) and command writing.
-    """
-
-    def __init__(self, on_reply: Callable[[Any], None], read_delay: float = 0.0) -> None:
-        self._on_reply = on_reply
-        self._read_delay = read_delay
-        self._parser = hiredis.Reader()
-        self._transport: asyncio.Transport | None = None
-        self._previous: asyncio.BaseProtocol | None = None  # redis-py's stream protocol
-        self._paused = False
-        self._last_read = -math.inf  # time.monotonic() of the last wake-up
-        self.lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
-        """Done with the reason once the connection is lost or unreadable."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
-        self._transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        parser = self._parser
-        on_reply = self._on_reply
-        try:
-            parser.feed(data)
-            while (reply := parser.gets()) is not False:
-                if isinstance(reply, hiredis.ReplyError):
-                    raise ResponseError(str(reply))
-                on_reply(reply)
-        except (hiredis.ProtocolError, ResponseError) as exc:
-            self._fail(RedisConnectionError(f"unreadable pub/sub reply: {exc}"))
-            return
-        if self._read_delay:
-            now = time.monotonic()
-            busy = now - self._last_read < self._read_delay
-            self._last_read = now
-            if busy and not self._paused and self._transport is not None:
-                self._paused = True
-                self._transport.pause_reading()
-                asyncio.get_running_loop().call_later(self._read_delay, self._resume)
-
-    def _resume(self) -> None:
-        self._paused = False
-        # What arrived during the pause is read now, one more busy read: counted from
-        # here, it pauses again, as a steady stream of publications should.
-        self._last_read = time.monotonic()
-        transport = self._transport
-        if transport is not None and not transport.is_closing():
-            transport.resume_reading()
-
-    def eof_received(self) -> bool:
-        return False  # close the transport: connection_lost follows
-
-    # redis-py's stream writer still writes commands: its flow control and close waiter
-    # live in the protocol it made, which hears about them through these.
-    def pause_writing(self) -> None:
-        if self._previous is not None:
-            self._previous.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self._previous is not None:
-            self._previous.resume_writing()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._transport = None
-        if self._previous is not None:
-            self._previous.connection_lost(exc)
-        if not self.lost.done():
-            self.lost.set_result(exc or RedisConnectionError("Redis closed the connection"))
-
-    def _fail(self, exc: BaseException) -> None:
-        if not self.lost.done():
-            self.lost.set_result(exc)
-        if self._transport is not None:
-            self._transport.abort()
-
-
-class ReplyReader(PubSubReader):
-    """Reads a command connection's replies in order and hands them over in batches:
-    :meth:`expect` a number of replies, :meth:`write` the packed commands, await the
-    list. No stream buffer, coroutine or await per reply (the publications' connection,
-    :meth:`RedisBackend._pipeline`). An error reply is its command's reply, as a
-    ``ResponseError`` (``NoScriptError`` for NOSCRIPT); a lost or unreadable connection
-    fails every batch still waiting."""
-
-    def __init__(self) -> None:
-        super().__init__(self._unexpected)
-        self._waiting: deque[tuple[int, list[Any], asyncio.Future[list[Any]]]] = deque()
-
-    def expect(self, count: int) -> asyncio.Future[list[Any]]:
-        """A future of the next ``count`` replies (after those expected before)."""
-        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        if self.lost.done():
-            future.set_exception(RedisConnectionError(f"connection lost: {self.lost.result()}"))
-        else:
-            self._waiting.append((count, [], future))
-        return future
-
-    def write(self, data: bytes) -> None:
-        """Send ``data`` (packed commands) on the connection."""
-        if self._transport is None:
-            raise RedisConnectionError("the connection is closed")
-        self._transport.write(data)
-
-    def data_received(self, data: bytes) -> None:
-        parser = self._parser
-        waiting = self._waiting
-        try:
-            parser.feed(data)
-            while (reply := parser.gets()) is not False:
-                if not waiting:
-                    raise hiredis.ProtocolError(f"a reply nobody waits for: {reply!r:.80}")
-                count, replies, future = waiting[0]
-                if isinstance(reply, hiredis.ReplyError):
-                    text = str(reply)
-                    reply = (
-                        NoScriptError(text) if text.startswith("NOSCRIPT") else ResponseError(text)
-                    )
-                replies.append(reply)
-                if len(replies) == count:
-                    waiting.popleft()
-                    if not future.done():  # not cancelled meanwhile
-                        future.set_result(replies)
-        except hiredis.ProtocolError as exc:
-            self._fail(RedisConnectionError(f"unreadable reply: {exc}"))
-
-    def _unexpected(self, reply: Any) -> None:  # pragma: no cover - data_received reads
-        raise AssertionError("ReplyReader hands replies to the batches that expect them")
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        self._fail_waiting(self.lost.result())
-
-    def _fail(self, exc: BaseException) -> None:
-        super()._fail(exc)
-        self._fail_waiting(exc)
-
-    def _fail_waiting(self, exc: BaseException) -> None:
-        waiting, self._waiting = self._waiting, deque()
-        for _, _, future in waiting:
-            if not future.done():
-                future.set_exception(RedisConnectionError(f"connection lost: {exc}"))
-
-
-def take_over(conn: AbstractConnection, reader: PubSubReader) -> None:
-    """Make ``reader`` read the connected redis-py connection ``conn`` (its writes still
-    go through redis-py). Call it before sending anything whose reply is awaited.
-
-    Raises:
-        RuntimeError: redis-py's connection no longer has the stream attributes this
-            relies on (a redis-py upgrade changed them; ``tests`` check this contract).
-    """
-    stream = getattr(conn, "_reader", None)
-    writer = getattr(conn, "_writer", None)
-    if not isinstance(stream, asyncio.StreamReader) or not isinstance(writer, asyncio.StreamWriter):
-        raise RuntimeError(
-            "redis-py's asyncio Connection has no _reader/_writer streams; this version "
-            f"of redis-py ({redis_version}) is not supported by the pub/sub reader"
-        )
-    buffered = bytes(getattr(stream, "_buffer", b""))
-    transport = writer.transport
-    reader._previous = transport.get_protocol()
-    transport.set_protocol(reader)
-    reader.connection_made(transport)
-    if buffered:
-        reader.data_received(buffered)
 
 
 # -- the backend ------------------------------------------------------------------------
@@ -716,11 +169,11 @@ class RedisBackend:
         ValueError: for an invalid URL or option, naming it.
     """
 
-    # Seams for variants (Redis Cluster): the scripts that check node liveness.
-    _scripts: ClassVar[Any] = _lua
     # A channel's pub/sub commands (Redis Cluster: the sharded ones).
     _SUBSCRIBE: ClassVar[bytes] = b"subscribe"
     _UNSUBSCRIBE: ClassVar[bytes] = b"unsubscribe"
+    _sharded: ClassVar[bool] = False
+    """Sharded pub/sub (``SPUBLISH``/``SSUBSCRIBE``): Redis Cluster."""
 
     def __init__(
         self,
@@ -745,13 +198,12 @@ class RedisBackend:
         check_history_options(history_size, history_ttl, history_meta_ttl)
         if not 0 <= read_delay <= 1:
             raise ValueError(f"read_delay must be 0-1 seconds, not {read_delay!r}")
-        _check_wait(wait_replicas, wait_timeout)
+        check_wait(wait_replicas, wait_timeout)
         _check_options(prefix, node_id, node_ttl, heartbeat_interval, reconnect_min, reconnect_max)
-        try:
-            self._connect_kwargs: dict[str, Any] = dict(parse_url(url))
-        except ValueError as exc:
-            raise ValueError(f"invalid Redis URL {safe_url(url)!r}: {exc}") from None
-        self.url = safe_url(url)
+        self._topology = topology_for(
+            url, command_timeout=command_timeout, connect_timeout=connect_timeout
+        )
+        self.url = self._topology.url
         self.prefix = prefix
         self.apps = tuple(apps)
         self.history_size = history_size
@@ -772,29 +224,9 @@ class RedisBackend:
         """Times the node stopped reading a server that may still take publications
         (see :attr:`broadcaster.backends.base.Broker.breaks`)."""
         self._node_id = node_id or secrets.token_hex(8)
-        self._node_key = f"{prefix}:#node:{self._node_id}"
-        self._node_prefix = f"{prefix}:#node:"
-        # A reconnect storm makes thousands of concurrent commands (history reads,
-        # presence): they wait for one of the pool's connections instead of failing.
-        pool = BlockingConnectionPool.from_url(
-            url,
-            max_connections=_MAX_CONNECTIONS,
-            timeout=_POOL_WAIT * command_timeout,
-            protocol=2,
-            socket_timeout=command_timeout,
-            socket_connect_timeout=connect_timeout,
-            retry=Retry(NoBackoff(), 0),
-        )
-        self._client = Redis(connection_pool=pool)
-        # Its own connection, so that a PING measures Redis, not a busy pool.
-        self._prober = Redis.from_url(
-            url,
-            protocol=2,
-            single_connection_client=True,
-            socket_timeout=command_timeout,
-            socket_connect_timeout=connect_timeout,
-            retry=Retry(NoBackoff(), 0),
-        )
+        self._nodes_key = nodes_key(prefix)
+        self._client: Redis = self._topology.client
+        self._prober: Redis = self._topology.prober
         self._responsive = True  # False from a failed command until a PING answers
         self._refusing: str | None = None  # an error reply refusing writes, until one passes
         self._retry_now = asyncio.Event()  # cuts a reconnection's back-off short
@@ -828,7 +260,7 @@ class RedisBackend:
         self._admitting: dict[str, int] = {}  # app -> admissions sent, not answered yet
         self._connections_dirty: set[str] = set()  # apps whose count Redis may have wrong
         self._tasks: list[asyncio.Task[None]] = []
-        self._outbox: list[_Outgoing] = []  # publications of this tick, not sent yet
+        self._outbox: list[Outgoing] = []  # publications of this tick, not sent yet
         self._sending: set[asyncio.Task[None]] = set()
         self._publishing = False  # a batch is in flight; the outbox waits for it
         # The batch in flight is cancelled past its deadline by one timer, re-armed only
@@ -900,6 +332,10 @@ class RedisBackend:
             asyncio.create_task(self._heartbeat_forever(), name="redis-backend-heartbeat"),
             asyncio.create_task(self._probe_forever(), name="redis-backend-probe"),
         ]
+        if self._topology.locates and not self._stopped:
+            stopped = lambda: self._stopped  # noqa: E731
+            watch = self._topology.watch(self._switched, stopped)
+            self._tasks.append(asyncio.create_task(watch, name="redis-backend-primary-watch"))
 
     async def stop(self) -> None:
         """Stop the tasks, withdraw this node's heartbeat and counts, and disconnect;
@@ -942,7 +378,7 @@ class RedisBackend:
         Raises:
             BackendUnavailable: no such pass within ``command_timeout``.
         """
-        name = self._key(app_id, "pub", channel).encode()
+        name = publication_channel(self.prefix, app_id, channel).encode()
         if name not in self._channels:
             self._channels.add(name)
             try:
@@ -954,7 +390,7 @@ class RedisBackend:
     async def unsubscribe(self, app_id: str, channel: str) -> None:
         """Stop receiving ``channel``; returns once Redis confirmed it (or at once while
         Redis, or the channel's shard, is away)."""
-        name = self._key(app_id, "pub", channel).encode()
+        name = publication_channel(self.prefix, app_id, channel).encode()
         if name in self._channels:
             self._channels.discard(name)
             await self._pubsub_command(self._UNSUBSCRIBE, name)
@@ -982,7 +418,7 @@ class RedisBackend:
         except BackendUnavailable as exc:
             done.set_exception(exc)
             return done
-        self._outbox.append(_Outgoing(publication, history, done))
+        self._outbox.append(Outgoing(publication, history, done))
         if len(self._outbox) == 1 and not self._publishing:
             loop.call_soon(self._send_outbox)
         return done
@@ -1001,7 +437,7 @@ class RedisBackend:
         self._publishing = False
         self._send_outbox()
 
-    async def _publish_batch(self, batch: list[_Outgoing]) -> None:
+    async def _publish_batch(self, batch: list[Outgoing]) -> None:
         loop = asyncio.get_running_loop()
         waits = self.wait_timeout if self.wait_replicas else 0.0
         self._batch_deadline = loop.time() + self.command_timeout + waits
@@ -1056,14 +492,14 @@ class RedisBackend:
         for task in self._sending:
             task.cancel()
 
-    async def _pipeline(self, batch: list[_Outgoing]) -> list[Any]:
+    async def _pipeline(self, batch: list[Outgoing]) -> list[Any]:
         """Publish ``batch`` in one round trip on the publications' connection; a
         result (position or None) or the error per publication.
 
         The connection is driven directly (the commands packed here, the replies read
         in order), without a client, a pool or a pipeline object; its caller sets the
         deadline."""
-        script = _lua.PUBLISH
+        script = scripts.PUBLISH
         calls: list[tuple[tuple[str, str], tuple[str | int | bytes, ...]] | None] = []
         commands: list[tuple[str | int | bytes, ...]] = []
         mixed = len({item.history for item in batch}) > 1
@@ -1077,13 +513,14 @@ class RedisBackend:
         for item in batch:
             p = item.publication
             if item.history:
-                keys, args = _publish_script_args(
+                keys, args = publish_script_args(
                     self.prefix,
                     p,
                     self.history_size,
                     self.history_ttl,
                     self.history_meta_ttl,
                     epoch,
+                    sharded=self._sharded,
                 )
                 calls.append((keys, args))
                 commands.append(("EVALSHA", script.sha, len(keys), *keys, *args))
@@ -1094,7 +531,7 @@ class RedisBackend:
         # The durable mode: WAIT on this connection confirms the writes sent before it.
         waits = bool(self.wait_replicas) and any(call is not None for call in calls)
         if waits:
-            commands.append(("WAIT", self.wait_replicas, _ms(self.wait_timeout)))
+            commands.append(("WAIT", self.wait_replicas, ms(self.wait_timeout)))
         if self._publisher is None:
             conn = self._new_publish_connection()
             try:
@@ -1123,14 +560,14 @@ class RedisBackend:
             if isinstance(reply, BaseException) or call is None:
                 results.append(reply if isinstance(reply, BaseException) else None)
             else:
-                results.append(_position(reply))
+                results.append(position_of(reply))
         if waits:
             results = self._unreplicated(calls, results, kept)
         return results
 
     async def _eval(
         self,
-        script: _lua.Script,
+        script: scripts.Script,
         call: tuple[tuple[str, str], tuple[str | int | bytes, ...]],
         waits: bool,
     ) -> Any:
@@ -1141,8 +578,8 @@ class RedisBackend:
         if not waits:
             return await self._client.eval(script.source, len(keys), *keys, *args)
         commands = [("EVAL", script.source, len(keys), *keys, *args)]
-        commands.append(("WAIT", self.wait_replicas, _ms(self.wait_timeout)))
-        reply, kept = await _round_trip(self._client, pack_commands(commands), 2, self.wait_timeout)
+        commands.append(("WAIT", self.wait_replicas, ms(self.wait_timeout)))
+        reply, kept = await round_trip(self._client, pack_commands(commands), 2, self.wait_timeout)
         return self._unreplicated([call], [reply], kept)[0]
 
     def _unreplicated(
@@ -1167,23 +604,35 @@ class RedisBackend:
         ]
 
     def _new_publish_connection(self) -> AbstractConnection:
-        kwargs = dict(self._connect_kwargs)
-        connection_class = kwargs.pop("connection_class", Connection)
         # No socket timeout: each batch has one deadline (_publish_batch) instead of a
         # timer per write and per reply. Read by a ReplyReader once connected.
-        kwargs.update(
-            protocol=2,
-            socket_timeout=None,
-            socket_connect_timeout=self.connect_timeout,
-            retry=Retry(NoBackoff(), 0),
-        )
-        connection: AbstractConnection = connection_class(**kwargs)
-        return connection
+        return self._topology.connection(socket_timeout=None)
 
     async def _follow_primary(self) -> None:
         """The publications' connection reached a replica (``READONLY``): open a new one
-        for the next batch (the Sentinel backend asks Sentinel again)."""
+        for the next batch; where the primary moves (Sentinel), reconnect the pub/sub
+        connection too (the reconnection asks where the primary is)."""
+        # No break: it read the old primary until it was demoted, and took no writes since.
         await self._drop_publisher()
+        if self._topology.locates:
+            await self._drop_pubsub()
+
+    async def _switched(self, host: str, port: int) -> None:
+        """Sentinel named the primary at ``host:port``: move every connection there,
+        unless already there."""
+        if self._topology.at(host, port):
+            return  # already there (reconnected after the old primary died)
+        log.warning("Redis at %s: the primary is now %s:%d; following it", self.url, host, port)
+        reader = self._reader
+        if reader is not None and not reader.lost.done():
+            # Still reading the old primary, which may take other nodes' publications
+            # until Sentinel demotes it. (After it died, the loss counted the break.)
+            self.breaks += 1
+        await self._drop_publisher()
+        await self._drop_pubsub()  # the node reconnects, asking where the primary is
+        with contextlib.suppress(*_ERRORS):
+            await self._client.connection_pool.disconnect()
+        self._retry_now.set()  # a reconnection waiting out its back-off goes now
 
     async def _drop_publisher(self) -> None:
         """Close the publications' connection; the next batch opens a new one (to the
@@ -1219,7 +668,8 @@ class RedisBackend:
         self._check_ready()
         payload = orjson.dumps({"app": app_id, "message": message})
         try:
-            await self._client.publish(self._control_channel(app_id), payload)
+            channel = self._control_channel(app_id)
+            await self._client.execute_command(self._publish_command, channel, payload)  # type: ignore[no-untyped-call]
         except _ERRORS as exc:
             raise self._failed("send a control message", exc) from exc
 
@@ -1230,8 +680,8 @@ class RedisBackend:
     ) -> HistoryResult:
         """See :meth:`broadcaster.backends.base.Backend.history` (reads only)."""
         args = (since.offset, since.epoch, self.history_size, limit or 0)
-        reply = await self._run(_lua.HISTORY, app_id, channel, args, "read the history")
-        epoch = _text(reply[0])
+        reply = await self._run(scripts.HISTORY, app_id, channel, args, "read the history")
+        epoch = text(reply[0])
         position = Position(int(reply[1]), epoch) if epoch else None
         if not reply[2]:
             return HistoryResult((), recovered=False, position=position)
@@ -1242,21 +692,23 @@ class RedisBackend:
         """See :meth:`broadcaster.backends.base.Backend.latest` (reads only)."""
         self._check_ready()
         try:
-            epoch, offset = await self._client.hmget(self._key(app_id, "meta", channel), "e", "o")
+            epoch, offset = await self._client.hmget(
+                self._channel_key(app_id, channel, "meta"), "e", "o"
+            )
         except _ERRORS as exc:
             raise self._failed("read a channel's position", exc) from exc
         if epoch is None:
             return None
-        return Position(int(offset or 0), _text(epoch))
+        return Position(int(offset or 0), text(epoch))
 
     async def position(self, app_id: str, channel: str) -> Position:
-        args = (_ms(self.history_meta_ttl), new_epoch())
-        reply = await self._run(_lua.POSITION, app_id, channel, args, "read a position")
-        return Position(int(reply[1]), _text(reply[0]))
+        args = (ms(self.history_meta_ttl), new_epoch())
+        reply = await self._run(scripts.POSITION, app_id, channel, args, "read a position")
+        return Position(int(reply[1]), text(reply[0]))
 
     async def _run(
         self,
-        script: _lua.Script,
+        script: scripts.Script,
         app_id: str,
         channel: str,
         args: tuple[str | int, ...],
@@ -1264,7 +716,10 @@ class RedisBackend:
     ) -> list[Any]:
         """Run a script on the channel's meta and stream keys."""
         self._check_ready()
-        keys = (self._key(app_id, "meta", channel), self._key(app_id, "stream", channel))
+        keys = (
+            self._channel_key(app_id, channel, "meta"),
+            self._channel_key(app_id, channel, "stream"),
+        )
         try:
             reply: list[Any] = await script.run(self._client, keys, args)
         except _ERRORS as exc:
@@ -1289,15 +744,15 @@ class RedisBackend:
             ValueError: ``member.user_info`` is not JSON-serialisable.
         """
         self._check_ready()
-        key = self._key(app_id, "presence", channel)
+        key = self._channel_key(app_id, channel, "presence")
         entry = self._entry(member)
         self._presence.setdefault(key, {})[socket_id] = entry
         args = (socket_id, entry, member.user_id, await self._liveness())
         try:
-            added = await self._scripts.PRESENCE_ADD.run(
+            added = await scripts.PRESENCE_ADD.run(
                 self._client,
-                self._presence_add_keys(key),
-                (*args, _ms(self.node_ttl), self._node_id, limit or 0),
+                (key,),
+                (*args, ms(self.node_ttl), self._node_id, limit or 0),
             )
         except _ERRORS as exc:
             self._forget_local(key, socket_id)
@@ -1318,7 +773,7 @@ class RedisBackend:
                 and removed from Redis on reconnection, but no ``member_removed`` can
                 be decided now.
         """
-        key = self._key(app_id, "presence", channel)
+        key = self._channel_key(app_id, channel, "presence")
         entry = self._forget_local(key, socket_id)
         if entry is None:
             return None
@@ -1326,7 +781,7 @@ class RedisBackend:
         try:
             self._check_ready()
             alive = await self._liveness()
-            last = await self._scripts.PRESENCE_REMOVE.run(
+            last = await scripts.PRESENCE_REMOVE.run(
                 self._client, (key,), (socket_id, entry, alive, self._node_id)
             )
         except (BackendUnavailable, *_ERRORS) as exc:
@@ -1343,10 +798,10 @@ class RedisBackend:
             BackendUnavailable: Redis is unreachable.
         """
         self._check_ready()
-        key = self._key(app_id, "presence", channel)
+        key = self._channel_key(app_id, channel, "presence")
         try:
             alive = await self._liveness()
-            entries = await self._scripts.PRESENCE_MEMBERS.run(self._client, (key,), (alive,))
+            entries = await scripts.PRESENCE_MEMBERS.run(self._client, (key,), (alive,))
         except _ERRORS as exc:
             raise self._failed("read presence members", exc) from exc
         unique: dict[str, PresenceMember] = {}
@@ -1420,7 +875,7 @@ class RedisBackend:
                     by_app.setdefault(app_id, []).append(channel)
                 pipe = self._client.pipeline(transaction=False)
                 for app_id, channels in by_app.items():  # one HSET, one HDEL per app
-                    key = self._key(app_id, "subs", self._node_id)
+                    key = self._app_key(app_id, "subs", self._node_id)
                     counts = self._counts.get(app_id, {})
                     kept = {c: counts[c] for c in channels if c in counts}
                     if kept:
@@ -1448,45 +903,50 @@ class RedisBackend:
         self._check_ready()
         if channels is not None and not channels:
             return {}
-        keys = (self._key(app_id, "subs-nodes"),)
+        keys = (self._app_key(app_id, "subs-nodes"),)
         try:
-            args = (self._key(app_id, "subs", ""), await self._liveness(), *(channels or ()))
-            flat = await self._scripts.SUBSCRIPTION_COUNTS.run(self._client, keys, args)
+            args = (self._app_key(app_id, "subs", ""), await self._liveness(), *(channels or ()))
+            flat = await scripts.SUBSCRIPTION_COUNTS.run(self._client, keys, args)
         except _ERRORS as exc:
             raise self._failed("read subscription counts", exc) from exc
-        return {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+        return {text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
     def _refresh_counts(self, pipe: Any, app_id: str) -> None:
-        ttl = _ms(self.node_ttl)
-        pipe.pexpire(self._key(app_id, "subs", self._node_id), ttl)
-        pipe.sadd(self._key(app_id, "subs-nodes"), self._node_id)
-        pipe.pexpire(self._key(app_id, "subs-nodes"), ttl)
+        ttl = ms(self.node_ttl)
+        pipe.pexpire(self._app_key(app_id, "subs", self._node_id), ttl)
+        pipe.sadd(self._app_key(app_id, "subs-nodes"), self._node_id)
+        pipe.pexpire(self._app_key(app_id, "subs-nodes"), ttl)
 
     # -- internals: names and errors ------------------------------------------------------
 
-    def _key(self, app_id: str, kind: str, name: str | None = None) -> str:
-        if name is None:
-            return f"{self.prefix}:{app_id}:{kind}"
-        return f"{self.prefix}:{app_id}:{kind}:{name}"
+    def _channel_key(self, app_id: str, channel: str, kind: str) -> str:
+        return channel_key(self.prefix, app_id, channel, kind)
+
+    def _app_key(self, app_id: str, kind: str, name: str | None = None) -> str:
+        return app_key(self.prefix, app_id, kind, name)
 
     def _control_channel(self, app_id: str) -> str:
-        return f"{self.prefix}:{app_id}:#control"
+        """The pub/sub channel of ``app_id``'s control messages."""
+        return control_channel(self.prefix, app_id)
+
+    @property
+    def _publish_command(self) -> str:
+        return "SPUBLISH" if self._sharded else "PUBLISH"
 
     async def _close_clients(self) -> None:
-        with contextlib.suppress(*_ERRORS):
-            await self._client.connection_pool.disconnect()
-        with contextlib.suppress(*_ERRORS):
-            await self._prober.aclose()
-
-    def _presence_add_keys(self, key: str) -> tuple[str, ...]:
-        """KEYS of the presence-add script: the presence hash and this node's heartbeat
-        (which the script refreshes)."""
-        return (key, self._node_key)
+        await self._topology.close()
 
     async def _liveness(self) -> str:
-        """What the presence and count scripts take to tell live nodes: here the prefix
-        of the heartbeat keys, which the scripts read themselves."""
-        return self._node_prefix
+        """The live nodes (``,id,id,``), which the presence and count scripts take: a
+        script may not read the nodes' sorted set, in a slot of its own."""
+        live = await scripts.LIVE.run(self._client, (self._nodes_key,), ())
+        ids = {text(node) for node in live} | {self._node_id}
+        return "," + ",".join(sorted(ids)) + ","
+
+    async def _beat(self) -> bool:
+        """Refresh this node's heartbeat deadline; True when it was still alive."""
+        args = (self._node_id, ms(self.node_ttl))
+        return bool(await scripts.BEAT.run(self._client, (self._nodes_key,), args))
 
     def _check_ready(self) -> None:
         if self._stopped:
@@ -1545,7 +1005,7 @@ class RedisBackend:
                 # PINGs and reads, and a node that publishes nothing itself (agents
                 # publish straight to Redis) would otherwise learn of it only from its
                 # heartbeat, a third of node_ttl later.
-                key = f"{self.prefix}:probe:{self._node_id}"
+                key = probe_key(self.prefix, self._node_id)
                 await self._prober.set(key, b"1", px=_PROBE_TTL_MS)
         except ResponseError as exc:
             refusal = _refusal(exc)
@@ -1567,22 +1027,13 @@ class RedisBackend:
     # -- internals: connection ------------------------------------------------------------
 
     def _new_pubsub_connection(self) -> AbstractConnection:
-        kwargs = dict(self._connect_kwargs)
-        connection_class = kwargs.pop("connection_class", Connection)
         # No socket timeout: an idle channel is normal. The heartbeat PINGs instead.
-        kwargs.update(
-            protocol=2,  # RESP2: messages come back from read_response, not push handlers
-            socket_timeout=None,
-            socket_connect_timeout=self.connect_timeout,
-            socket_keepalive=True,
-            retry=Retry(NoBackoff(), 0),
-        )
-        connection: AbstractConnection = connection_class(**kwargs)
-        return connection
+        return self._topology.connection(socket_timeout=None, socket_keepalive=True)
 
     async def _connect(self) -> None:
         """Connect both connections, subscribe to everything this node had and write its
         state; then the node is ready."""
+        await self._topology.locate()
         await self._client.connection_pool.disconnect()
         await self._drop_publisher()
         await self._client.ping()
@@ -1859,19 +1310,29 @@ class RedisBackend:
                     self._refused(refusal)
 
     async def _heartbeat(self) -> None:
+        if await self._ping_pubsub():
+            await self._beat_state()
+
+    async def _ping_pubsub(self) -> bool:
+        """PING the pub/sub connection; drop it (False) if it stopped answering."""
         conn = self._pubsub
         loop = asyncio.get_running_loop()
         if conn is not None and loop.time() - self._pong_at > 3 * self.heartbeat_interval:
             log.warning("Redis at %s stopped answering PINGs on the pub/sub connection", self.url)
             self.breaks += 1  # frozen or cut off: it may still take others' publications
             await self._drop_pubsub()  # the reader fails and the node reconnects
-            return
+            return False
         if conn is not None:
             await conn.send_command("PING", check_health=False)
-        ttl = _ms(self.node_ttl)
-        was_alive = await self._client.set(self._node_key, "1", px=ttl, get=True)
-        if was_alive is None or self._counts_dirty or self._presence_dirty:
-            if was_alive is None:
+        return True
+
+    async def _beat_state(self) -> None:
+        """Refresh this node's heartbeat, counts and presence entries (all of them when
+        Redis lost some)."""
+        ttl = ms(self.node_ttl)
+        was_alive = await self._beat()
+        if not was_alive or self._counts_dirty or self._presence_dirty:
+            if not was_alive:
                 log.warning("node %s was considered dead; restoring its state", self._node_id)
             await self._restore()
             return
@@ -1886,11 +1347,11 @@ class RedisBackend:
     async def _restore(self) -> None:
         """Write this node's heartbeat, subscription counts and presence entries (after a
         reconnection, or when another node took this one for dead)."""
-        ttl = _ms(self.node_ttl)
-        pipe = self._client.pipeline(transaction=True)
-        pipe.set(self._node_key, "1", px=ttl)
+        ttl = ms(self.node_ttl)
+        await self._beat()
+        pipe = self._client.pipeline(transaction=False)
         for app_id, counts in self._counts.items():
-            key = self._key(app_id, "subs", self._node_id)
+            key = self._app_key(app_id, "subs", self._node_id)
             pipe.delete(key)
             if counts:
                 pipe.hset(key, mapping=counts)  # type: ignore[arg-type]
@@ -1899,16 +1360,16 @@ class RedisBackend:
         self._counts_dirty = False
         for key in self._presence_dirty | set(self._presence):
             pairs = [item for pair in self._presence.get(key, {}).items() for item in pair]
-            await _lua.PRESENCE_RESTORE.run(self._client, (key,), (self._node_id, ttl, *pairs))
+            await scripts.PRESENCE_RESTORE.run(self._client, (key,), (self._node_id, ttl, *pairs))
             self._presence_dirty.discard(key)
         await self._beat_connections(force=True)
 
     async def _withdraw(self) -> None:
         """On stop: this node's counts and presence entries disappear at once."""
         pipe = self._client.pipeline(transaction=False)
-        pipe.delete(self._node_key)
+        pipe.zrem(self._nodes_key, self._node_id)
         for app_id in self._counts:
-            pipe.delete(self._key(app_id, "subs", self._node_id))
+            pipe.delete(self._app_key(app_id, "subs", self._node_id))
         for key, local in self._presence.items():
             if local:
                 pipe.hdel(key, *local)
@@ -1923,7 +1384,7 @@ class RedisBackend:
 
     async def admit_connection(self, app_id: str, limit: int) -> bool:
         """See :meth:`broadcaster.backends.base.Backend.admit_connection`: one script
-        (:data:`broadcaster.backends._lua.CONNECTION_ADMIT`) on the app's two keys, which
+        (:data:`broadcaster.backends.scripts.CONNECTION_ADMIT`) on the app's two keys, which
         also forgets the counts of nodes whose heartbeat deadline passed.
 
         Raises:
@@ -1935,11 +1396,11 @@ class RedisBackend:
         if not self._responsive:  # a command just went unanswered: fail fast, not late
             raise BackendUnavailable(f"Redis at {self.url} does not answer; retry later")
         counted = self._connections.get(app_id, 0)
-        args = (self._node_id, _ms(self.node_ttl), limit, counted)
+        args = (self._node_id, ms(self.node_ttl), limit, counted)
         self._admitting[app_id] = self._admitting.get(app_id, 0) + 1
         try:
             keys = self._connection_keys(app_id)
-            admitted = await _lua.CONNECTION_ADMIT.run(self._client, keys, args)
+            admitted = await scripts.CONNECTION_ADMIT.run(self._client, keys, args)
         except _ERRORS as exc:
             self._connections_dirty.add(app_id)
             raise self._failed("count a connection", exc) from exc
@@ -1955,7 +1416,7 @@ class RedisBackend:
         try:
             if not self.ready:
                 raise BackendUnavailable("not connected, or not answering")
-            await _lua.CONNECTION_RELEASE.run(
+            await scripts.CONNECTION_RELEASE.run(
                 self._client, self._connection_keys(app_id), (self._node_id,)
             )
         except (BackendUnavailable, *_ERRORS) as exc:
@@ -1971,12 +1432,12 @@ class RedisBackend:
         counted connections of; write its count where Redis lost it (or everywhere with
         ``force``). Admissions still unanswered are included: a count written while
         commands are in flight errs on the high side."""
-        ttl = _ms(self.node_ttl)
+        ttl = ms(self.node_ttl)
         for app_id in set(self._connections) | self._connections_dirty:
             count = self._connections.get(app_id, 0) + self._admitting.get(app_id, 0)
             write = force or app_id in self._connections_dirty
             args = (self._node_id, ttl, count, 1 if write else 0)
-            await _lua.CONNECTION_BEAT.run(self._client, self._connection_keys(app_id), args)
+            await scripts.CONNECTION_BEAT.run(self._client, self._connection_keys(app_id), args)
             self._connections_dirty.discard(app_id)
             self._connections.setdefault(app_id, 0)  # kept (one per app) even at zero
 
@@ -1987,7 +1448,7 @@ class RedisBackend:
             pipe.zrem(keys[1], self._node_id)
 
     def _connection_keys(self, app_id: str) -> tuple[str, str]:
-        return (self._key(app_id, "conn-counts"), self._key(app_id, "conn-nodes"))
+        return (self._app_key(app_id, "conn-counts"), self._app_key(app_id, "conn-nodes"))
 
     # -- claims (leases) ------------------------------------------------------------------
 
@@ -2040,13 +1501,6 @@ def _give_up(batch: list[tuple[bytes, bytes, asyncio.Future[None]]], reason: str
             waiter.set_result(None)
 
 
-def _check_wait(wait_replicas: int, wait_timeout: float) -> None:
-    if wait_replicas < 0:
-        raise ValueError(f"wait_replicas must be 0 or more, got {wait_replicas!r}")
-    if not 0 < wait_timeout <= 60:
-        raise ValueError(f"wait_timeout must be 0-60 seconds (not 0), got {wait_timeout!r}")
-
-
 def _check_options(
     prefix: str,
     node_id: str | None,
@@ -2070,51 +1524,3 @@ def _check_options(
         raise ValueError(
             f"need 0 < reconnect_min <= reconnect_max, got {reconnect_min!r} and {reconnect_max!r}"
         )
-
-
-# -- claims (leases) ----------------------------------------------------------------------
-
-_CLAIM = """
-local held = redis.call('GET', KEYS[1])
-if held and held ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-"""
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-
-def claim_key(prefix: str, app_id: str, key: str) -> str:
-    """The Redis key of a claim (see :meth:`RedisBackend.claim_value`).
-
-    Tagged with the app (``{A}``) on every topology, so that on Redis Cluster the run
-    queue's scripts (:mod:`agent_core.app.worker`) find a session's claim in the slot of
-    the app's queue keys."""
-    return f"{prefix}:{{{app_id}}}:claim:{key}"
-
-
-async def claim_via_redis(
-    client: Redis, prefix: str, app_id: str, key: str, owner: str, ttl: float
-) -> bool:
-    """Claim (or renew) as the Redis backend does, for processes that run no node.
-
-    Raises:
-        ValueError: ``ttl`` is not positive.
-        redis.exceptions.RedisError: from the client.
-    """
-    if not ttl > 0:
-        raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
-    held = await client.eval(_CLAIM, 1, claim_key(prefix, app_id, key), owner, _ms(ttl))
-    return bool(held)
-
-
-async def release_via_redis(client: Redis, prefix: str, app_id: str, key: str, owner: str) -> bool:
-    """Release a claim as the Redis backend does (only ``owner``'s).
-
-    Raises:
-        redis.exceptions.RedisError: from the client.
-    """
-    released = await client.eval(_RELEASE, 1, claim_key(prefix, app_id, key), owner)
-    return bool(released)
