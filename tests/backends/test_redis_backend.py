@@ -836,3 +836,34 @@ async def test_agents_publish_many_in_order_after_a_script_flush_and_see_refusal
         assert [decode_publication(f[b"p"]).data for _, f in history][-1] == "{}"
     finally:
         await client.aclose()
+
+
+async def test_a_standalone_redis_has_the_hash_tagged_layout_of_redis_cluster(
+    redis_server: RedisServer, cluster: Callable[..., Any]
+) -> None:
+    """Key layout 2, one for every topology: a channel's keys share the tag
+    ``{app:channel}``, the app's keys ``{app}``, and live nodes are one sorted set
+    ``{#nodes}``; nothing of the untagged layout 1 (``P:A:meta:chat``, ``P:#node:id``)."""
+    node = await cluster(redis_server.url)
+    backend: RedisBackend = node.backend
+    await backend.subscribe(APP, "chat")
+    await backend.add_subscriptions(APP, "chat", 1)
+    await backend.publish(pub("1"))
+    await backend.presence_add(APP, "presence-room", "1.1", PresenceMember("u"))
+    client = Redis.from_url(redis_server.url)
+    try:
+        keys = {key.decode() async for key in client.scan_iter(match=f"{backend.prefix}:*")}
+        live = await client.zrange(f"{backend.prefix}:{{#nodes}}", 0, -1)
+    finally:
+        await client.aclose()
+    p = backend.prefix
+    assert {
+        f"{p}:{{{APP}:chat}}:meta",
+        f"{p}:{{{APP}:chat}}:stream",
+        f"{p}:{{{APP}:presence-room}}:presence",
+        f"{p}:{{{APP}}}:subs:{backend.node_id}",
+        f"{p}:{{{APP}}}:subs-nodes",
+        f"{p}:{{#nodes}}",
+    } <= keys
+    assert [key for key in keys if key.startswith(f"{p}:{APP}:") or "#node:" in key] == []
+    assert live == [backend.node_id.encode()]

@@ -10,11 +10,15 @@ module             what it holds
 ``urls``           ``redis://``, ``redis-sentinel://``, ``redis-cluster://`` URLs
 ``clients``        clients of the Sentinel primary and of a Cluster
 ``publish``        the client side: publish, store and claim without a node (agents)
-``topology``       where the primary is: standalone, or the one Sentinel names
-``backend``        :class:`RedisBackend`: pub/sub, publish batching, presence, counts,
-                   liveness and admission, claims
-``cluster``        Redis Cluster: sharded pub/sub (one connection per shard) and
-                   pipelines per shard
+``topology``       where the primary is and its clients: standalone, Sentinel, Cluster
+``core``           options, state, lifecycle, readiness, values, history
+``pubsub``         subscribe passes and dispatch; one pub/sub connection
+``batching``       publish batching; the publications' own connection
+``presence``       presence members and subscription counts
+``liveness``       heartbeats, readiness probe, restore, admission, claims
+``backend``        :class:`RedisBackend` (standalone, Sentinel): those parts composed
+``cluster``        Redis Cluster: sharded pub/sub and a pipeline per shard, composed
+                   with the same core, presence and liveness
 =================  ===================================================================
 
 The client side (``layout``, ``codec``, ``scripts``, ``resp``, ``urls``, ``clients``,

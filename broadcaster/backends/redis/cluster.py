@@ -1,5 +1,11 @@
 """Redis Cluster: the Redis backend with sharded pub/sub and a pipeline per shard.
 
+:class:`RedisClusterBackend` is composed of the same core, presence, counts, liveness
+and admission as :class:`~broadcaster.backends.redis.backend.RedisBackend`, with
+:class:`ShardedPubSub` and :class:`ShardBatches` in place of one pub/sub connection and
+one publications connection; its clients come from
+:class:`~broadcaster.backends.redis.topology.ClusterTopology`.
+
 URL: ``redis-cluster://[user:password@]host:port,host:port/`` (seed nodes; any reachable
 one is enough, the rest of the cluster is discovered), or ``rediss-cluster://`` for TLS.
 
@@ -40,12 +46,17 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from broadcaster.backends.base import NotReplicated
 from broadcaster.backends.redis import scripts
-from broadcaster.backends.redis.backend import ERRORS, Outgoing, RedisBackend
+from broadcaster.backends.redis.batching import Outbox
 from broadcaster.backends.redis.clients import cluster_client
 from broadcaster.backends.redis.codec import encode_publication, position_of
+from broadcaster.backends.redis.core import ERRORS, Outgoing
 from broadcaster.backends.redis.layout import publication_channel
+from broadcaster.backends.redis.liveness import Liveness
+from broadcaster.backends.redis.presence import PresenceAndCounts
 from broadcaster.backends.redis.publish import Call, publish_and_wait, publish_script_args
+from broadcaster.backends.redis.pubsub import PubSubBase
 from broadcaster.backends.redis.resp import PubSubReader, take_over
+from broadcaster.backends.redis.topology import ClusterTopology
 from broadcaster.backends.redis.urls import (
     CLUSTER_SCHEMES,
     ClusterURL,
@@ -57,6 +68,8 @@ __all__ = [
     "SCHEMES",
     "ClusterURL",
     "RedisClusterBackend",
+    "ShardBatches",
+    "ShardedPubSub",
     "cluster_client",
     "cluster_safe_url",
     "parse_cluster_url",
@@ -87,28 +100,20 @@ class _Shard:
         return reader is not None and not reader.lost.done() and self.conn.is_connected
 
 
-class RedisClusterBackend(RedisBackend):
-    """The Redis backend over Redis Cluster (see the module's docstring); same options
-    as :class:`~broadcaster.backends.redis.RedisBackend`.
-
-    Raises:
-        ValueError: for an invalid URL or option, naming it.
-    """
+class ShardedPubSub(PubSubBase):
+    """Sharded pub/sub: one connection per primary that owns a slot of a channel this
+    node's clients use, followed through slot moves and failovers (see the module
+    doc)."""
 
     _SUBSCRIBE: ClassVar[bytes] = b"ssubscribe"
     _UNSUBSCRIBE: ClassVar[bytes] = b"sunsubscribe"
     _sharded: ClassVar[bool] = True
 
-    def __init__(self, url: str, **options: Any) -> None:
-        parsed = parse_cluster_url(url)
-        host, port = parsed.seeds[0]
-        scheme = "rediss" if parsed.tls else "redis"
-        super().__init__(f"{scheme}://{host}:{port}/0", **options)
-        self.url = cluster_safe_url(url)
-        self._cluster_url = parsed
-        timeouts = {"timeout": self.command_timeout, "connect_timeout": self.connect_timeout}
-        self._client = cluster_client(url, **timeouts)  # type: ignore[assignment]
-        self._prober = cluster_client(url, **timeouts)  # type: ignore[assignment]
+    def _start_shards(self) -> None:
+        """The shards' state (called by the composed backend's ``__init__``)."""
+        topology = self._topology
+        assert isinstance(topology, ClusterTopology), "a redis-cluster:// URL"
+        self._cluster_url = topology.parsed
         self._shards: dict[tuple[str, int], _Shard] = {}
         self._opening: dict[tuple[str, int], asyncio.Future[_Shard]] = {}
         # (S)SUBSCRIBE commands of this tick, not sent yet: one write per shard.
@@ -120,8 +125,6 @@ class RedisClusterBackend(RedisBackend):
     def cluster(self) -> RedisCluster:
         """The cluster client (commands; pub/sub has connections of its own)."""
         return self._client  # type: ignore[return-value]
-
-    # -- pub/sub ------------------------------------------------------------------------
 
     def _shard_for(self, name: bytes) -> _Shard | None:
         for shard in self._shards.values():
@@ -323,8 +326,6 @@ class RedisClusterBackend(RedisBackend):
     def _control_names(self) -> set[bytes]:
         return {self._control_channel(app).encode() for app in self.apps}
 
-    # -- connection and resync ----------------------------------------------------------
-
     async def _connect(self) -> None:
         """Discover the cluster, subscribe every channel on its shard, write this node's
         state; then the node is ready."""
@@ -414,17 +415,9 @@ class RedisClusterBackend(RedisBackend):
         await self.cluster.initialize()  # the first time only
         await self.cluster.nodes_manager.initialize()
 
-    async def _probe(self) -> None:
-        await super()._probe()
-        if not self._responsive:  # perhaps a failover: ask the cluster who serves now
-            with contextlib.suppress(*_ERRORS, RedisClusterException):
-                await self._prober.nodes_manager.initialize()  # type: ignore[attr-defined]
-
     async def _drop_pubsub(self) -> None:
         for shard in list(self._shards.values()):
             await self._close_shard(shard)
-
-    # -- heartbeat and node state -------------------------------------------------------
 
     async def _ping_pubsub(self) -> bool:
         """PING every shard's pub/sub connection; close those that stopped answering
@@ -441,12 +434,19 @@ class RedisClusterBackend(RedisBackend):
                 await shard.conn.send_command("PING", check_health=False)
         return True
 
-    async def _close_clients(self) -> None:
-        for client in (self._client, self._prober):
-            with contextlib.suppress(*_ERRORS):
-                await client.aclose()
+    async def _after_probe(self) -> None:
+        """Perhaps a failover: ask the cluster who serves now."""
+        with contextlib.suppress(*_ERRORS, RedisClusterException):
+            await self._prober.nodes_manager.initialize()  # type: ignore[attr-defined]
 
-    # -- publishing ---------------------------------------------------------------------
+
+class ShardBatches(Outbox):
+    """Batches as one cluster pipeline (one round trip per shard); in the durable mode
+    each shard's publications followed by ``WAIT`` on the same connection."""
+
+    @property
+    def _cluster(self) -> RedisCluster:
+        return self._client  # type: ignore[return-value]
 
     async def _publish_batch(self, batch: list[Outgoing]) -> None:
         try:
@@ -477,7 +477,7 @@ class RedisClusterBackend(RedisBackend):
         size, ttl, meta_ttl = self.history_size, self.history_ttl, self.history_meta_ttl
         calls: list[Call | None] = []
         durable = bool(self.wait_replicas)
-        pipe = self.cluster.pipeline()
+        pipe = self._cluster.pipeline()
         piped = 0
         for item in batch:
             p = item.publication
@@ -499,7 +499,7 @@ class RedisClusterBackend(RedisBackend):
         for call, reply in zip(calls, replies, strict=True):
             if call is not None and isinstance(reply, NoScriptError):  # a new primary
                 try:
-                    reply = await self.cluster.eval(script.source, 2, *call[0], *call[1])
+                    reply = await self._cluster.eval(script.source, 2, *call[0], *call[1])
                 except _ERRORS as exc:
                     reply = exc
             if isinstance(reply, BaseException) or call is None:
@@ -515,7 +515,7 @@ class RedisClusterBackend(RedisBackend):
         groups: dict[str, tuple[ClusterNode, list[int]]] = {}
         for index, call in enumerate(calls):
             if call is not None:
-                node = self.cluster.get_node_from_key(call[0][0])
+                node = self._cluster.get_node_from_key(call[0][0])
                 if node is None:
                     raise RedisClusterException(f"no shard serves {call[0][0]!r} now")
                 groups.setdefault(node.name, (node, []))[1].append(index)
@@ -528,7 +528,7 @@ class RedisClusterBackend(RedisBackend):
                 )
             except _ERRORS as exc:
                 with contextlib.suppress(*_ERRORS, RedisClusterException):
-                    await self.cluster.nodes_manager.initialize()  # a failover, perhaps
+                    await self._cluster.nodes_manager.initialize()  # a failover, perhaps
                 return [exc] * len(indexes)
             return self._unreplicated(group, replies, kept)
 
@@ -538,3 +538,20 @@ class RedisClusterBackend(RedisBackend):
             for (_, indexes), replies in zip(groups.values(), found, strict=True)
             for i, reply in zip(indexes, replies, strict=True)
         }
+
+    async def _drop_publisher(self) -> None:
+        return None  # the cluster client's connections carry the publications
+
+
+class RedisClusterBackend(ShardedPubSub, ShardBatches, PresenceAndCounts, Liveness):
+    """The Redis backend over Redis Cluster (see the module's docstring); same options
+    as :class:`~broadcaster.backends.redis.RedisBackend`, and a ``redis-cluster://``
+    URL.
+
+    Raises:
+        ValueError: for an invalid URL or option, naming it.
+    """
+
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, **options)
+        self._start_shards()

@@ -1,8 +1,9 @@
 """Where the primary is: a standalone Redis (the URL names it) or the primary Redis
 Sentinel names. A topology gives the backend its clients and the address its own
 connections (pub/sub, publications) open; the backend's code path is the same for both.
-(As redis-py, where Sentinel is a connection pool, not another client; Redis Cluster
-adds sharded pub/sub, :mod:`broadcaster.backends.redis.cluster`.)
+(As redis-py, where Sentinel is a connection pool, not another client.) Redis Cluster's
+clients come from :class:`ClusterTopology`; its sharded pub/sub opens connections of
+its own (:mod:`broadcaster.backends.redis.cluster`).
 
 ``redis-sentinel://[user:password@]host:port,host:port/<service>/<db>`` names the
 Sentinels, the monitored service and the database (``rediss-sentinel://`` for TLS to
@@ -33,10 +34,18 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from broadcaster.backends.redis.clients import MAX_CONNECTIONS, sentinel_client
-from broadcaster.backends.redis.urls import SENTINEL_SCHEMES, parse_sentinel_url, safe_url
+from broadcaster.backends.redis.clients import MAX_CONNECTIONS, cluster_client, sentinel_client
+from broadcaster.backends.redis.urls import (
+    CLUSTER_SCHEMES,
+    SENTINEL_SCHEMES,
+    ClusterURL,
+    cluster_safe_url,
+    parse_cluster_url,
+    parse_sentinel_url,
+    safe_url,
+)
 
-__all__ = ["SentinelTopology", "Standalone", "Topology", "topology_for"]
+__all__ = ["ClusterTopology", "SentinelTopology", "Standalone", "Topology", "topology_for"]
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +216,41 @@ class SentinelTopology(Standalone):
                 await client.aclose()
 
 
+class ClusterTopology:
+    """Redis Cluster: ``redis-cluster://`` seed nodes. Its clients route each command to
+    the slot's primary and follow the slot map; the backend's sharded pub/sub connects
+    to each primary itself (:mod:`broadcaster.backends.redis.cluster`)."""
+
+    locates = False
+
+    def __init__(self, url: str, *, command_timeout: float, connect_timeout: float) -> None:
+        self.parsed: ClusterURL = parse_cluster_url(url)
+        self.url = cluster_safe_url(url)
+        timeouts = {"timeout": command_timeout, "connect_timeout": connect_timeout}
+        # Typed as the other topologies' clients: the backend's commands are the same
+        # (the cluster client routes them); what is Cluster-only goes through
+        # RedisClusterBackend.cluster.
+        self.client: Redis = cluster_client(url, **timeouts)  # type: ignore[assignment]
+        self.prober: Redis = cluster_client(url, **timeouts)  # type: ignore[assignment]
+
+    async def locate(self) -> None:
+        return None
+
+    def connection(self, **options: Any) -> AbstractConnection:
+        raise NotImplementedError("Redis Cluster's pub/sub connects to each shard itself")
+
+    def at(self, host: str, port: int) -> bool:
+        return False
+
+    async def watch(self, on_switch: OnSwitch, stopped: Callable[[], bool]) -> None:
+        return None
+
+    async def close(self) -> None:
+        for client in (self.client, self.prober):
+            with contextlib.suppress(*_ERRORS):
+                await client.aclose()
+
+
 def _connect_kwargs(url: str) -> dict[str, Any]:
     try:
         return dict(parse_url(url))
@@ -214,14 +258,17 @@ def _connect_kwargs(url: str) -> dict[str, Any]:
         raise ValueError(f"invalid Redis URL {safe_url(url)!r}: {exc}") from None
 
 
-def topology_for(url: str, *, command_timeout: float, connect_timeout: float) -> Standalone:
-    """The topology of a ``redis://`` (``rediss://``, ``unix://``) or
-    ``redis-sentinel://`` URL.
+def topology_for(url: str, *, command_timeout: float, connect_timeout: float) -> Topology:
+    """The topology of a ``redis://`` (``rediss://``, ``unix://``),
+    ``redis-sentinel://`` or ``redis-cluster://`` URL.
 
     Raises:
         ValueError: for an invalid URL.
     """
     timeouts = {"command_timeout": command_timeout, "connect_timeout": connect_timeout}
-    if url.partition("://")[0] in SENTINEL_SCHEMES:
+    scheme = url.partition("://")[0]
+    if scheme in SENTINEL_SCHEMES:
         return SentinelTopology(url, **timeouts)
+    if scheme in CLUSTER_SCHEMES:
+        return ClusterTopology(url, **timeouts)
     return Standalone(url, **timeouts)
