@@ -448,10 +448,12 @@ async def _history_len(ctx: Ctx, channel: str) -> int:
     from redis.asyncio import Redis
 
     from broadcaster.backends.base import DEFAULT_REDIS_PREFIX
+    from broadcaster.backends.redis import channel_key
 
     client = Redis.from_url(ctx.redis.url)
     try:
-        return int(await client.xlen(f"{DEFAULT_REDIS_PREFIX}:{APP['id']}:stream:{channel}"))
+        stream = channel_key(DEFAULT_REDIS_PREFIX, APP["id"], channel, "stream")
+        return int(await client.xlen(stream))
     finally:
         await client.aclose()
 

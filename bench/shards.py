@@ -149,12 +149,14 @@ async def _until(predicate: Any, within: float, what: str) -> None:
 async def _publish(cfg: dict[str, Any]) -> None:
     """Publish at ``rate``/s for ``duration`` s, round robin over ``channels``, each
     5 ms tick's due publications in one cluster pipeline; print ready, then done."""
-    from broadcaster.backends.redis_cluster import SCRIPTS, _publish_args, cluster_client
+    from broadcaster.backends.redis.clients import cluster_client
+    from broadcaster.backends.redis.publish import publish_script_args
+    from broadcaster.backends.redis.scripts import PUBLISH
     from broadcaster.publication import Publication
 
     client = cluster_client(cfg["url"])
     await client.initialize()
-    await client.script_load(SCRIPTS.PUBLISH.source)
+    await client.script_load(PUBLISH.source)
     channels: list[str] = cfg["channels"]
     seqs = dict.fromkeys(channels, 0)
     rate, duration = float(cfg["rate"]), float(cfg["duration"])
@@ -170,8 +172,10 @@ async def _publish(cfg: dict[str, Any]) -> None:
             seqs[channel] += 1
             data = envelope(session_of(channel), seqs[channel])
             publication = Publication(app_id=APP["id"], channel=channel, event=EVENT, data=data)
-            keys, args = _publish_args(DEFAULT_REDIS_PREFIX, publication, 100, 600, 86400)
-            pipe.execute_command("EVALSHA", SCRIPTS.PUBLISH.sha, len(keys), *keys, *args)
+            keys, args = publish_script_args(
+                DEFAULT_REDIS_PREFIX, publication, 100, 600, 86400, sharded=True
+            )
+            pipe.execute_command("EVALSHA", PUBLISH.sha, len(keys), *keys, *args)
         if due > sent:
             await pipe.execute()
         sent = due

@@ -36,7 +36,7 @@ A live publication at or before the last one received live in the same epoch is 
 copy (pub/sub delivers a channel's publications once, in offset order): the channel's
 store went back (it lost publications and hands out their offsets again). It is
 delivered and logged. The Redis scripts prevent this by starting a new epoch on a
-primary with another replication id (see :mod:`broadcaster.backends._lua`); a new
+primary with another replication id (see :mod:`broadcaster.backends.redis.scripts`); a new
 epoch's start is delivered as a normal start.
 """
 

@@ -29,7 +29,7 @@ import fnmatch
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, Protocol, TypeAlias
 from urllib.parse import urlsplit
 
 import orjson
@@ -43,9 +43,15 @@ from broadcaster.channels import (
 )
 from broadcaster.codes import ErrorCode
 from broadcaster.exceptions import ProtocolError
-from broadcaster.publication import Position, PresenceMember, Publication
-from broadcaster.settings import AppConfig
+from broadcaster.publication import (
+    Position,
+    PresenceMember,
+    Publication,
+    channel_event_frame,
+    parse_channel_event,
+)
 from broadcaster.signing import (
+    AppCredentials,
     channel_string_to_sign,
     is_valid_socket_id,
     user_string_to_sign,
@@ -62,6 +68,7 @@ __all__ = [
     "MEMBER_REMOVED",
     "PROTOCOL_VERSION",
     "RESUME_EVENT",
+    "AppRules",
     "ClientEvent",
     "Command",
     "Notice",
@@ -517,7 +524,19 @@ def parse_user_data(user_data: str) -> SignedInUser:
 # -- authorization (pure: the app's credentials in, an error or nothing out) ------------
 
 
-def authorize_subscription(app: AppConfig, socket_id: str, command: Subscribe) -> None:
+class AppRules(AppCredentials, Protocol):
+    """What the protocol checks of an app, as plain values (the server's ``AppConfig``
+    has them; this module does not import the server's settings)."""
+
+    @property
+    def enable_client_messages(self) -> bool: ...
+    @property
+    def allowed_origins(self) -> Sequence[str]: ...
+    @property
+    def max_channels_per_connection(self) -> int: ...
+
+
+def authorize_subscription(app: AppCredentials, socket_id: str, command: Subscribe) -> None:
     """Check the ``auth`` of a subscription to a private or presence channel.
 
     Public channels need nothing. For the others, ``auth`` must be ``"<app key>:<hex
@@ -560,7 +579,7 @@ def _unauthorized(channel: str, message: str) -> ProtocolError:
     return ProtocolError(ErrorCode.SUBSCRIPTION_UNAUTHORIZED, message, channel=channel, close=False)
 
 
-def authorize_signin(app: AppConfig, socket_id: str, command: Signin) -> None:
+def authorize_signin(app: AppCredentials, socket_id: str, command: Signin) -> None:
     """Check the ``auth`` of a ``pusher:signin``.
 
     Raises:
@@ -574,7 +593,7 @@ def authorize_signin(app: AppConfig, socket_id: str, command: Signin) -> None:
         )
 
 
-def check_client_event(app: AppConfig, command: ClientEvent, *, subscribed: bool) -> None:
+def check_client_event(app: AppRules, command: ClientEvent, *, subscribed: bool) -> None:
     """Check that a client event may be relayed.
 
     Args:
@@ -623,7 +642,7 @@ def new_socket_id() -> str:
 # -- admission checks ------------------------------------------------------------------
 
 
-def check_origin(app: AppConfig, origin: str | None) -> None:
+def check_origin(app: AppRules, origin: str | None) -> None:
     """Admit a WebSocket connection's ``Origin`` header under the app's
     ``allowed_origins`` (``*`` admits any, also none).
 
@@ -677,7 +696,7 @@ def check_protocol_version(version: str | None) -> None:
         )
 
 
-def check_channel_limit(app: AppConfig, subscribed: int, channel: str) -> None:
+def check_channel_limit(app: AppRules, subscribed: int, channel: str) -> None:
     """Admit one more subscription on a connection that has ``subscribed`` channels.
 
     Raises:
@@ -838,12 +857,8 @@ def channel_event(
         user_id: the sender of a client event on a presence channel.
         position: our extension: where the event sits in the channel's history.
     """
-    frame: dict[str, object] = {"event": event, "channel": channel, "data": data}
-    if user_id is not None:
-        frame["user_id"] = user_id
-    if position is not None:
-        frame["position"] = str(position)
-    return exact(orjson.dumps(frame))
+    # Joined from parts: already an exact allocation (see :func:`exact`).
+    return channel_event_frame(event, channel, data, user_id, position)
 
 
 def channel_event_publication(
@@ -854,15 +869,7 @@ def channel_event_publication(
     Raises:
         ValueError: ``frame`` is not a channel event.
     """
-    try:
-        v = orjson.loads(frame)
-        event, channel, data, user_id = v["event"], v["channel"], v["data"], v.get("user_id")
-    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
-        raise ValueError(f"not a channel event: {frame[:80]!r}") from None
-    if not all(isinstance(x, str) for x in (event, channel, data)) or not isinstance(
-        user_id, str | None
-    ):
-        raise ValueError(f"not a channel event: {frame[:80]!r}")
+    event, channel, data, user_id = parse_channel_event(frame)
     return Publication(app_id, channel, event, data, exclude_socket_id, user_id, position)
 
 

@@ -1,7 +1,10 @@
 """A publication: one event on one channel of one app, as it moves between nodes.
 
 Backends move publications; the hub turns each into a WebSocket frame exactly once and
-writes the same bytes to every local subscriber.
+writes the same bytes to every local subscriber. The layout of that frame, the channel
+event, has its one home here (:func:`channel_event_frame`): the protocol module sends
+it, and the Redis backend's publish script completes it from the pieces given here
+(:func:`frame_head`, :data:`FRAME_POSITION`, :data:`FRAME_END`).
 """
 
 from __future__ import annotations
@@ -9,9 +12,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from broadcaster._text import excerpt
 
-__all__ = ["MAX_EPOCH_LENGTH", "MAX_OFFSET_DIGITS", "Position", "PresenceMember", "Publication"]
+__all__ = [
+    "FRAME_END",
+    "FRAME_POSITION",
+    "MAX_EPOCH_LENGTH",
+    "MAX_OFFSET_DIGITS",
+    "Position",
+    "PresenceMember",
+    "Publication",
+    "channel_event_frame",
+    "frame_head",
+    "parse_channel_event",
+]
 
 MAX_OFFSET_DIGITS = 18
 """Longest offset a client may send (below 2**63, what Redis counts to)."""
@@ -87,3 +103,56 @@ class PresenceMember:
 
     user_id: str
     user_info: Any = None
+
+
+# -- the channel event: the frame of a publication ---------------------------------------
+
+FRAME_POSITION = b',"position":"'
+"""What follows :func:`frame_head` when the event has a position; the position
+(``<epoch>:<offset>``) and :data:`FRAME_END` follow it."""
+FRAME_END = b'"}'
+"""What ends a channel event after its position."""
+
+
+def frame_head(event: str, channel: str, data: str, user_id: str | None = None) -> bytes:
+    """The channel event ``{"event", "channel", "data"[, "user_id"]`` without its
+    closing brace: ``}`` ends an event without a position, :data:`FRAME_POSITION`,
+    the position and :data:`FRAME_END` one with."""
+    frame: dict[str, str] = {"event": event, "channel": channel, "data": data}
+    if user_id is not None:
+        frame["user_id"] = user_id
+    return orjson.dumps(frame)[:-1]
+
+
+def channel_event_frame(
+    event: str,
+    channel: str,
+    data: str,
+    user_id: str | None = None,
+    position: Position | str | None = None,
+) -> bytes:
+    """A channel event ``{"event", "channel", "data"[, "user_id"][, "position"]}`` (the
+    position is our extension: where the event sits in the channel's history)."""
+    head = frame_head(event, channel, data, user_id)
+    if position is None:
+        return head + b"}"
+    text = orjson.dumps(str(position))[1:-1]  # a position needs no escaping; a str might
+    return b"".join((head, FRAME_POSITION, text, FRAME_END))
+
+
+def parse_channel_event(frame: bytes) -> tuple[str, str, str, str | None]:
+    """``(event, channel, data, user_id)`` of a channel event.
+
+    Raises:
+        ValueError: ``frame`` is not a channel event.
+    """
+    try:
+        v = orjson.loads(frame)
+        event, channel, data, user_id = v["event"], v["channel"], v["data"], v.get("user_id")
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        raise ValueError(f"not a channel event: {frame[:80]!r}") from None
+    if not all(isinstance(x, str) for x in (event, channel, data)) or not isinstance(
+        user_id, str | None
+    ):
+        raise ValueError(f"not a channel event: {frame[:80]!r}")
+    return event, channel, data, user_id

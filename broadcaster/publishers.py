@@ -35,7 +35,6 @@ import logging
 import random
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
@@ -52,16 +51,19 @@ from broadcaster.run_index import RunRecorder
 from broadcaster.signing import signed_params
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from redis.asyncio import Redis
     from redis.asyncio.cluster import RedisCluster
 
-    from broadcaster.node import Node
+    from broadcaster.publication import Position
 
 __all__ = [
     "STATE_TTL",
     "BackendStateStore",
     "BufferedPublisher",
     "InProcessPublisher",
+    "LocalNode",
     "Outgoing",
     "PublishError",
     "Publisher",
@@ -387,6 +389,23 @@ class PusherHTTPPublisher(BufferedPublisher):
             await self._client.aclose()
 
 
+class LocalNode(Protocol):
+    """What :class:`InProcessPublisher` uses of the server's node (``broadcaster.node.
+    Node`` has it; this module, which agent processes import, does not import it)."""
+
+    @property
+    def backend(self) -> Backend: ...
+
+    async def publish(
+        self,
+        app_id: str,
+        channels: Sequence[str],
+        event: str,
+        data: str,
+        exclude_socket_id: str | None = None,
+    ) -> dict[str, Position | None]: ...
+
+
 class InProcessPublisher:
     """Publishes into the node of the server this process runs (no network).
 
@@ -395,7 +414,7 @@ class InProcessPublisher:
     A backend that is unavailable raises :class:`PublishError` (retryable).
     """
 
-    def __init__(self, node: Node, app_id: str) -> None:
+    def __init__(self, node: LocalNode, app_id: str) -> None:
         self._node = node
         self._app_id = app_id
         self.stats = PublisherStats()
@@ -432,8 +451,8 @@ class RedisPublisher(BufferedPublisher):
     Args:
         client: a ``redis.asyncio.Redis`` client of the deployment's Redis (for Redis
             Cluster a ``RedisCluster`` from
-            :func:`broadcaster.backends.redis_cluster.cluster_client`; for Sentinel
-            :func:`broadcaster.backends.redis_sentinel.sentinel_client`).
+            :func:`broadcaster.backends.redis.clients.cluster_client`; for Sentinel
+            :func:`broadcaster.backends.redis.clients.sentinel_client`).
         app_id: the app whose channels receive the envelopes.
         prefix: the deployment's key prefix (the servers' ``--redis-prefix``).
         max_batch: publications one round trip may carry (Redis Cluster: always 1).
@@ -456,7 +475,7 @@ class RedisPublisher(BufferedPublisher):
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
     ) -> None:
-        from broadcaster.backends.redis import DEFAULT_PREFIX
+        from broadcaster.backends.redis.layout import DEFAULT_PREFIX
 
         # What was buffered while a round trip was in flight goes in the next one, as
         # one pipeline: many sessions in one process share round trips. On a cluster a
@@ -474,7 +493,10 @@ class RedisPublisher(BufferedPublisher):
         from redis.asyncio.cluster import RedisCluster
         from redis.exceptions import RedisError
 
-        from broadcaster.backends.redis import publish_many_via_redis
+        from broadcaster.backends.redis.publish import (
+            publish_many_via_redis,
+            publish_via_redis_cluster,
+        )
 
         publications = [
             Publication(self._app_id, item.channel, item.event, item.data) for item in batch
@@ -482,8 +504,6 @@ class RedisPublisher(BufferedPublisher):
         client = self._client
         try:
             if isinstance(client, RedisCluster):  # hash-tagged keys, SPUBLISH
-                from broadcaster.backends.redis_cluster import publish_via_redis_cluster
-
                 for publication in publications:
                     await publish_via_redis_cluster(
                         client,
@@ -590,29 +610,23 @@ class RedisStateStore:
         ttl: float = STATE_TTL,
     ) -> None:
         from broadcaster.backends._runs import RedisRunIndex
-        from broadcaster.backends.redis import DEFAULT_PREFIX
+        from broadcaster.backends.redis.layout import DEFAULT_PREFIX, channel_key
 
         self._client = client
         self._app_id = app_id
         self._prefix = prefix or DEFAULT_PREFIX
         self._ttl = ttl
-        index = RedisRunIndex(lambda: client, self._prefix, _stream_key(client, self._prefix))
+        prefix = self._prefix
+        index = RedisRunIndex(
+            lambda: client, prefix, lambda app, channel: channel_key(prefix, app, channel, "stream")
+        )
         self.runs = RunRecorder(index, app_id, ttl)
 
     async def save(self, channel: str, snapshot: bytes) -> None:
-        from broadcaster.backends.redis import store_value_via_redis
+        from broadcaster.backends.redis.publish import store_value_via_redis
 
         key = state_key(channel)
         await store_value_via_redis(
             self._client, self._prefix, self._app_id, key, snapshot, self._ttl
         )
         await _index_snapshot(self.runs, channel, snapshot)
-
-
-def _stream_key(client: Redis | RedisCluster, prefix: str) -> Callable[[str, str], str]:
-    """How the deployment names a channel's history stream (hash-tagged on a cluster)."""
-    if _is_cluster(client):
-        from broadcaster.backends.redis_cluster import channel_key
-
-        return lambda app_id, channel: channel_key(prefix, app_id, channel, "stream")
-    return lambda app_id, channel: f"{prefix}:{app_id}:stream:{channel}"

@@ -43,10 +43,10 @@ import hmac
 import re
 import time
 from collections.abc import Mapping
+from typing import Protocol
 
 from broadcaster._text import excerpt
 from broadcaster.exceptions import ApiError
-from broadcaster.settings import AppConfig
 
 __all__ = [
     "AUTH_VERSION",
@@ -55,6 +55,7 @@ __all__ = [
     "MAX_TIMESTAMP_SKEW",
     "SESSION_TOKEN",
     "STREAM_AUTH",
+    "AppCredentials",
     "InvalidSocketId",
     "body_md5",
     "channel_auth",
@@ -303,8 +304,22 @@ def signed_params(
     return params
 
 
+class AppCredentials(Protocol):
+    """What signing needs of an app: plain values (the server's ``AppConfig`` has them;
+    this module does not import the server's settings)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def secret(self) -> str: ...
+    @property
+    def enabled(self) -> bool: ...
+
+
 def verify_request(
-    app: AppConfig,
+    app: AppCredentials,
     method: str,
     path: str,
     query: Mapping[str, str],

@@ -135,3 +135,143 @@ def test_the_python_client_imports_none_of_the_server() -> None:
         if any(name == core or name.startswith(core + ".") for core in SERVER_CORE)
     ]
     assert found == []
+
+
+# -- the client side: what agent processes import --------------------------------------
+
+AGENT_SIDE = (
+    "broadcaster.envelope",
+    "broadcaster.publishers",
+    "broadcaster.signing",
+    "broadcaster.protocol",
+    "broadcaster.publication",
+    "broadcaster.client",
+    "broadcaster.backends.redis.publish",
+    "broadcaster.backends.redis.clients",
+)
+"""What agent processes (workers, scripts, frontends' Python) import: envelopes,
+publishers, signing, the client-side Redis publish and store, the Python watcher. (The
+package ``broadcaster.backends.redis`` is loaded with them: its top level is checked
+too; it names ``RedisBackend`` only lazily.)"""
+
+SERVER = (
+    "broadcaster.node",
+    "broadcaster.hub",
+    "broadcaster.connection",
+    "broadcaster.settings",
+    "broadcaster.server",
+    "broadcaster.app",
+    "broadcaster.websocket",
+    "broadcaster.http_api",
+    "broadcaster._uvicorn",
+    "broadcaster.backends.memory",
+    "broadcaster.backends.redis.backend",
+    "broadcaster.backends.redis.core",
+    "broadcaster.backends.redis.pubsub",
+    "broadcaster.backends.redis.batching",
+    "broadcaster.backends.redis.presence",
+    "broadcaster.backends.redis.liveness",
+    "broadcaster.backends.redis.cluster",
+    "broadcaster.backends.redis.topology",
+    "starlette",
+    "uvicorn",
+)
+"""The server: the node, hub and connections, its settings, the backends themselves."""
+
+
+def _top_level(source: str, module: str) -> Iterator[str]:
+    """The imports a module runs when imported (not those inside functions)."""
+    tree = ast.parse(source)
+    body = ast.Module(
+        body=[n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)], type_ignores=[]
+    )
+    yield from imported(ast.unparse(body), module)
+
+
+def _without_lazy(source: str) -> str:
+    """``source`` without a module ``__getattr__`` (names loaded only when asked for)."""
+    tree = ast.parse(source)
+    tree.body = [
+        n for n in tree.body if not (isinstance(n, ast.FunctionDef) and n.name == "__getattr__")
+    ]
+    return ast.unparse(tree)
+
+
+def _loads(module: str, known: dict[str, str]) -> set[str]:
+    """Every broadcaster module importing ``module`` (and calling what it imports) can
+    load: its own imports, anywhere in it, then, transitively, those of every module and
+    package ``__init__`` they load at import time."""
+    found: set[str] = set()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in known:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    def visit(name: str, everything: bool) -> None:
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+            step = ".".join(parts[:i])
+            if step not in known or step in found:
+                continue
+            found.add(step)
+            source = known[step]
+            whole = everything and step == name  # the packages above: their top level
+            names = imported(_without_lazy(source), step) if whole else _top_level(source, step)
+            for imported_name in names:
+                if not imported_name.startswith("broadcaster"):
+                    found.add(imported_name)
+                elif (target := resolve(imported_name)) is not None:
+                    visit(target, everything=False)
+
+    visit(module, everything=True)
+    return found
+
+
+def test_the_agent_side_loads_none_of_the_server() -> None:
+    """Envelopes, publishers, signing, the protocol's frames, the client-side Redis
+    publish and store and the Python watcher never load the node, hub, connections,
+    the server's settings or a backend (what they import, and so on)."""
+    known = dict(modules("broadcaster"))
+    found = sorted(
+        f"{module} loads {name}"
+        for module in AGENT_SIDE
+        for name in _loads(module, known)
+        if any(name == server or name.startswith(server + ".") for server in SERVER)
+    )
+    assert found == []
+
+
+def test_the_agent_side_check_sees_a_server_import() -> None:
+    """The walk above follows imports through modules (a module that loads the node
+    through another is caught)."""
+    known = {
+        "broadcaster.a": "from broadcaster import b\n",
+        "broadcaster.b": "import broadcaster.node\ndef f():\n    import broadcaster.hub\n",
+        "broadcaster.node": "",
+        "broadcaster.hub": "",
+        "broadcaster": "",
+    }
+    loads = _loads("broadcaster.a", known)
+    assert "broadcaster.node" in loads
+    assert "broadcaster.hub" not in loads  # only when b's function runs
+
+
+def test_backends_do_not_speak_the_protocol() -> None:
+    """A backend moves publications; the frames are the protocol's: no backend imports
+    ``broadcaster.protocol``, and the channel event's layout has one home
+    (``broadcaster.publication``), from which the Redis codec and publish script take
+    their pieces."""
+    found = [
+        f"{module} -> {name}"
+        for module, source in modules("broadcaster")
+        if module.startswith("broadcaster.backends")
+        for name in imported(source, module)
+        if name == "broadcaster.protocol" or name.startswith("broadcaster.protocol.")
+    ]
+    assert found == []
+    layout = [module for module, source in modules("broadcaster") if ',"position":"' in source]
+    assert layout == ["broadcaster.publication"]
+    from broadcaster.backends.redis import scripts
+
+    assert '"}' not in scripts.PUBLISH.source  # the frame's end is an argument

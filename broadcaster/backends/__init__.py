@@ -33,18 +33,14 @@ def create_backend(url: str, **options: object) -> Backend:
         from broadcaster.backends.memory import MemoryBackend
 
         return MemoryBackend(**options)  # type: ignore[arg-type]
-    if scheme in ("redis", "rediss"):
-        from broadcaster.backends.redis import RedisBackend
+    if scheme in ("redis", "rediss", "redis-sentinel", "rediss-sentinel"):
+        from broadcaster.backends.redis.backend import RedisBackend
 
         return RedisBackend(url, **options)  # type: ignore[arg-type]
     if scheme in ("redis-cluster", "rediss-cluster"):
-        from broadcaster.backends.redis_cluster import RedisClusterBackend
+        from broadcaster.backends.redis.cluster import RedisClusterBackend
 
         return RedisClusterBackend(url, **options)
-    if scheme in ("redis-sentinel", "rediss-sentinel"):
-        from broadcaster.backends.redis_sentinel import RedisSentinelBackend
-
-        return RedisSentinelBackend(url, **options)
     raise ValueError(
         f"unsupported backend URL {url[:60]!r}: use memory://, redis://host:port/db, "
         "redis-cluster://host:port,host:port/ or redis-sentinel://host:port,host:port/service/db"

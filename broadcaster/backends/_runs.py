@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from broadcaster.backends import _lua
 from broadcaster.backends.base import BackendUnavailable
+from broadcaster.backends.redis import scripts as _lua
 from broadcaster.publication import Publication
 from broadcaster.run_index import RUN_INDEX_SIZE, SESSION_RUNS, IndexedRun, run_member
 

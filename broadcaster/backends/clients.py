@@ -27,11 +27,11 @@ def redis_client(url: str, *, timeout: float = 5.0) -> RedisClient:
     if scheme in ("redis", "rediss", "unix"):
         return Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
     if scheme in ("redis-sentinel", "rediss-sentinel"):
-        from broadcaster.backends.redis_sentinel import sentinel_client
+        from broadcaster.backends.redis.clients import sentinel_client
 
         return sentinel_client(url, timeout=timeout, connect_timeout=timeout)
     if scheme in ("redis-cluster", "rediss-cluster"):
-        from broadcaster.backends.redis_cluster import cluster_client
+        from broadcaster.backends.redis.clients import cluster_client
 
         return cluster_client(url, timeout=timeout, connect_timeout=timeout)
     raise ValueError(f"not a Redis URL: {url[:60]!r}")

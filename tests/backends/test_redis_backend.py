@@ -19,6 +19,7 @@ from broadcaster import protocol
 from broadcaster.backends import BackendUnavailable, PresenceMember, create_backend
 from broadcaster.backends.redis import (
     RedisBackend,
+    channel_key,
     decode_publication,
     encode_publication,
     publication_channel,
@@ -572,9 +573,9 @@ async def test_a_malformed_message_is_dropped_and_delivery_goes_on(
     await node.backend.subscribe(APP, "chat")
     client = Redis.from_url(redis_server.url)
     try:
-        channel = f"{node.backend.prefix}:{APP}:pub:chat"
+        channel = channel_key(node.backend.prefix, APP, "chat", "pub")
         await client.publish(channel, b"[not json")
-        await client.publish(f"{node.backend.prefix}:{APP}:#control", b"{broken")
+        await client.publish(f"{node.backend.prefix}:{{{APP}}}:#control", b"{broken")
     finally:
         await client.aclose()
     await node.backend.publish(pub("fine"))
@@ -798,7 +799,7 @@ async def test_a_channel_meta_written_before_replication_ids_adopts_the_current_
     first = await backend.publish(pub("1"))
     assert first is not None
     client = Redis.from_url(redis_server.url)
-    meta = f"{backend.prefix}:{APP}:meta:chat"
+    meta = channel_key(backend.prefix, APP, "chat", "meta")
     try:
         await client.hdel(meta, "r")  # as an older version wrote it
         assert (await backend.history(APP, "chat", first)).recovered
@@ -826,12 +827,43 @@ async def test_agents_publish_many_in_order_after_a_script_flush_and_see_refusal
         assert [p.offset for p in first] == [1, 1, 2, 2, 3, 3]
         assert [p.offset for p in again] == [4, 4]
         assert first[0].epoch == again[0].epoch
-        await client.set(f"{prefix}:{APP}:meta:broken", "not a hash")
+        await client.set(channel_key(prefix, APP, "broken", "meta"), "not a hash")
         with pytest.raises(ResponseError, match="WRONGTYPE"):
             await publish_many_via_redis(client, prefix, [pub(channel="s0"), pub(channel="broken")])
         after = await publish_many_via_redis(client, prefix, [pub(channel="s0")])
         assert after[0].offset == 6  # the one before the refused one was published
-        history: Any = await client.xrange(f"{prefix}:{APP}:stream:s0")
+        history: Any = await client.xrange(channel_key(prefix, APP, "s0", "stream"))
         assert [decode_publication(f[b"p"]).data for _, f in history][-1] == "{}"
     finally:
         await client.aclose()
+
+
+async def test_a_standalone_redis_has_the_hash_tagged_layout_of_redis_cluster(
+    redis_server: RedisServer, cluster: Callable[..., Any]
+) -> None:
+    """Key layout 2, one for every topology: a channel's keys share the tag
+    ``{app:channel}``, the app's keys ``{app}``, and live nodes are one sorted set
+    ``{#nodes}``; nothing of the untagged layout 1 (``P:A:meta:chat``, ``P:#node:id``)."""
+    node = await cluster(redis_server.url)
+    backend: RedisBackend = node.backend
+    await backend.subscribe(APP, "chat")
+    await backend.add_subscriptions(APP, "chat", 1)
+    await backend.publish(pub("1"))
+    await backend.presence_add(APP, "presence-room", "1.1", PresenceMember("u"))
+    client = Redis.from_url(redis_server.url)
+    try:
+        keys = {key.decode() async for key in client.scan_iter(match=f"{backend.prefix}:*")}
+        live = await client.zrange(f"{backend.prefix}:{{#nodes}}", 0, -1)
+    finally:
+        await client.aclose()
+    p = backend.prefix
+    assert {
+        f"{p}:{{{APP}:chat}}:meta",
+        f"{p}:{{{APP}:chat}}:stream",
+        f"{p}:{{{APP}:presence-room}}:presence",
+        f"{p}:{{{APP}}}:subs:{backend.node_id}",
+        f"{p}:{{{APP}}}:subs-nodes",
+        f"{p}:{{#nodes}}",
+    } <= keys
+    assert [key for key in keys if key.startswith(f"{p}:{APP}:") or "#node:" in key] == []
+    assert live == [backend.node_id.encode()]

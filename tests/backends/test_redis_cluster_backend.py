@@ -12,13 +12,10 @@ import pytest
 from redis.crc import key_slot
 
 from broadcaster.backends import BackendUnavailable, create_backend
-from broadcaster.backends.redis_cluster import (
-    RedisClusterBackend,
-    channel_key,
-    cluster_client,
-    parse_cluster_url,
-    publish_via_redis_cluster,
-)
+from broadcaster.backends.redis import channel_key, publish_via_redis_cluster
+from broadcaster.backends.redis.clients import cluster_client
+from broadcaster.backends.redis.cluster import RedisClusterBackend
+from broadcaster.backends.redis.urls import parse_cluster_url
 from broadcaster.publication import Publication
 from tests.backends.helpers import APP, Node, eventually, eventually_async
 from tests.support.topologies import ClusterTopology, command

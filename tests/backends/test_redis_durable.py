@@ -18,19 +18,19 @@ from redis.asyncio import Redis
 
 from broadcaster.backends import create_backend
 from broadcaster.backends.base import NotReplicated
-from broadcaster.backends.redis import decode_publication, publish_via_redis
-from broadcaster.backends.redis_cluster import (
+from broadcaster.backends.redis import (
     channel_key,
-    cluster_client,
+    decode_publication,
+    publish_via_redis,
     publish_via_redis_cluster,
 )
-from broadcaster.backends.redis_sentinel import sentinel_client
+from broadcaster.backends.redis.clients import cluster_client, sentinel_client
 from broadcaster.envelope import StreamChunk, StreamChunkPayload
 from broadcaster.publication import Publication
 from broadcaster.publishers import RedisPublisher
 from tests.backends.helpers import APP, Node, eventually_async
-from tests.reliability.helpers import publish
 from tests.support.processes import RedisServer, ServerFactory, _wait
+from tests.support.reliability import publish
 from tests.support.topologies import ClusterTopology, SentinelTopology, command
 
 pytestmark = pytest.mark.redis
@@ -115,7 +115,7 @@ async def test_a_durable_publication_is_acknowledged_once_the_replica_has_it(
         assert position is not None
         # Acknowledged: the replica holds it already, no waiting for replication.
         prefix = node.backend.prefix  # type: ignore[attr-defined]
-        key = f"{prefix}:{APP}:stream:agent.durable"
+        key = channel_key(prefix, APP, "agent.durable", "stream")
         assert await stream_on(replica.port, key) == ["kept"]
     finally:
         await node.backend.stop()

@@ -12,11 +12,9 @@ import pytest
 
 from broadcaster.backends import BackendUnavailable, create_backend
 from broadcaster.backends.redis import publish_via_redis
-from broadcaster.backends.redis_sentinel import (
-    RedisSentinelBackend,
-    parse_sentinel_url,
-    sentinel_client,
-)
+from broadcaster.backends.redis.backend import RedisBackend
+from broadcaster.backends.redis.clients import sentinel_client
+from broadcaster.backends.redis.urls import parse_sentinel_url
 from broadcaster.publication import Position, Publication
 from tests.backends.helpers import APP, Node, eventually
 from tests.support.topologies import SentinelTopology, command
@@ -63,7 +61,7 @@ async def nodes(own_sentinel: SentinelTopology) -> AsyncIterator[Start]:
 
     async def start(**options: Any) -> Node:
         options = {"prefix": prefix, "apps": (APP,), "reconnect_max": 0.2, **options}
-        node = Node(RedisSentinelBackend(own_sentinel.url, **options))
+        node = Node(RedisBackend(own_sentinel.url, **options))
         await node.backend.start(node.on_publication, node.on_control)
         started.append(node)
         return node
@@ -137,7 +135,7 @@ async def test_a_manual_failover_is_followed_before_the_old_primary_is_demoted(
     try:
         for _ in range(2):
             options = {"prefix": prefix, "apps": (APP,), "reconnect_max": 0.2}
-            node = Node(RedisSentinelBackend(topology.url, command_timeout=1, **options))
+            node = Node(RedisBackend(topology.url, command_timeout=1, **options))
             await node.backend.start(node.on_publication, node.on_control)
             started.append(node)
         publisher, subscriber = started
@@ -190,7 +188,7 @@ async def test_losing_one_sentinel_leaves_the_node_ready() -> None:
     outlasted every readiness PING, and the node stayed not ready for good.)"""
     topology = SentinelTopology().start()
     node = Node(
-        RedisSentinelBackend(
+        RedisBackend(
             topology.url, prefix=f"test-{uuid.uuid4().hex[:12]}", apps=(APP,), command_timeout=1
         )
     )

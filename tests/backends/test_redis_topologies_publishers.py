@@ -10,8 +10,7 @@ import pytest
 from redis.asyncio import Redis
 
 from broadcaster.backends import create_backend
-from broadcaster.backends.redis_cluster import cluster_client
-from broadcaster.backends.redis_sentinel import sentinel_client
+from broadcaster.backends.redis.clients import cluster_client, sentinel_client
 from broadcaster.envelope import StreamChunk, StreamChunkPayload
 from broadcaster.publishers import RedisPublisher, RedisStateStore, state_key
 from tests.backends.helpers import APP, Node

@@ -55,9 +55,10 @@ from typing import Any, Protocol
 from redis.asyncio import Redis
 from redis.crc import key_slot
 
-from broadcaster.backends.redis import decode_publication
-from broadcaster.backends.redis_cluster import channel_key
-from tests.reliability.helpers import (
+from broadcaster.backends.redis import channel_key, decode_publication
+from tests.support.live import APP_ID
+from tests.support.processes import ServerProcess, _wait
+from tests.support.reliability import (
     Publisher,
     Reader,
     alive,
@@ -68,8 +69,6 @@ from tests.reliability.helpers import (
     silent_gaps,
     subscribed,
 )
-from tests.support.live import APP_ID
-from tests.support.processes import ServerProcess, _wait
 from tests.support.topologies import ClusterTopology, ConfiguredRedis, SentinelTopology, command
 
 __all__ = ["ClusterFaults", "Faults", "SentinelFaults", "Trial", "failover_trial"]
@@ -148,7 +147,7 @@ class SentinelFaults:
 
     async def history_on(self, replica: ConfiguredRedis, channel: str) -> list[int]:
         """The channel's history as ``replica`` holds it."""
-        return await _history_on(replica, f"{PREFIX}:{APP_ID}:stream:{channel}", False)
+        return await _history_on(replica, channel_key(PREFIX, APP_ID, channel, "stream"), False)
 
     def heal(self, victim: ConfiguredRedis) -> None:
         """Restart the killed node (empty); Sentinel makes it a replica of the promoted

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from broadcaster.backends.redis import publish_via_redis
+from broadcaster.backends.redis import channel_key, publish_via_redis
 from broadcaster.publication import Publication
 from tests.support.live import APP_ID, Client, LiveServer, StartServer
 from tests.support.processes import RedisServer
@@ -81,7 +81,8 @@ async def test_the_start_of_a_new_epoch_is_filled_when_redis_lost_the_history(
     await put(redis, prefix, 1)
     assert await received(client, 1) == [1]
     await live.node.backend.unsubscribe(APP_ID, CHANNEL)
-    await redis.delete(f"{prefix}:{APP_ID}:meta:{CHANNEL}", f"{prefix}:{APP_ID}:stream:{CHANNEL}")
+    meta, stream = (channel_key(prefix, APP_ID, CHANNEL, kind) for kind in ("meta", "stream"))
+    await redis.delete(meta, stream)
     await put(redis, prefix, 2)  # offset 1 of a new epoch, missed
     await live.node.backend.subscribe(APP_ID, CHANNEL)
     await put(redis, prefix, 3)

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from redis.asyncio import Redis
 
+from broadcaster.backends.redis import channel_key
 from broadcaster.envelope import StreamChunk, StreamChunkPayload
 from broadcaster.publishers import PusherHTTPPublisher, RedisPublisher
 from tests.support.live import Client, StartServer
@@ -181,7 +182,7 @@ async def test_redis_publisher_buffers_through_a_redis_outage(
     await eventually(lambda: publisher.stats.retries >= 1, "a failed attempt")
     server.start()
     assert await publisher.flush(20)
-    stream = await redis.xrange(f"pub-outage:1:stream:{CHANNEL}")
+    stream = await redis.xrange(channel_key("pub-outage", "1", CHANNEL, "stream"))
     assert [orjson_chunk(entry) for _, entry in stream] == ["#1", "#2", "#3"]
     assert publisher.stats.dropped == 0
     await publisher.aclose()

@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 
 from agent_core.app.runs import RunRequest
 from agent_core.app.worker import RunQueue
+from broadcaster.backends.redis import channel_key
 from broadcaster.publishers import state_key
 from tests.support.live import Client
 from tests.support.processes import RedisServer, ServerFactory
@@ -171,7 +172,7 @@ async def test_a_queued_run_past_its_maximum_duration_ends_failed(
         long = " ".join(["word"] * 2000)  # route mode echoes it, one word every 2 s
         run = await queue.start(RunRequest(input=long, pace_ms=2000, mode="route"))
         await eventually(lambda: worker.completed == 1, "the worker to stop the run", within=20)
-        entries = await redis.xrange(f"{prefix}:1:stream:{run.channel}")
+        entries = await redis.xrange(channel_key(prefix, "1", run.channel, "stream"))
         last = b"".join(entries[-1][1].values())  # the channel's history, as published
         assert b"agent.status" in last
         assert b"failed" in last

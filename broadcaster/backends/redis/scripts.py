@@ -1,10 +1,13 @@
-"""The Redis backend's Lua scripts: each one is a single atomic step.
+"""The Redis backend's Lua scripts: each one is a single atomic step, written once for
+one slot, and run unchanged on every topology (standalone, Sentinel, Cluster).
 
-Scripts read node heartbeat keys named from an argument (not declared in ``KEYS``), so
-they target a standalone Redis (or a primary with replicas), not Redis Cluster (which
-adapts them, see :mod:`broadcaster.backends.redis_cluster`). The connection-count
-scripts are the exception: they declare every key they touch and keep liveness in those
-keys, so they run unchanged on every topology.
+Every key a script touches is declared in ``KEYS`` and shares one hash tag
+(:mod:`broadcaster.backends.redis.layout`). Node liveness lives in one sorted set (id ->
+heartbeat deadline, :data:`BEAT`, :data:`LIVE`) in a slot of its own, so the presence
+and count scripts take the live nodes as an argument (``,id,id,``, read first with
+:data:`LIVE`). The publish script takes the pub/sub command as an argument (``PUBLISH``,
+or ``SPUBLISH`` on Redis Cluster) and the end of the frame from
+:data:`broadcaster.publication.FRAME_END`, its one definition.
 """
 
 from __future__ import annotations
@@ -15,19 +18,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 __all__ = [
+    "BEAT",
+    "CLAIM",
     "CONNECTION_ADMIT",
     "CONNECTION_BEAT",
     "CONNECTION_RELEASE",
     "HISTORY",
+    "LIVE",
     "POSITION",
     "PRESENCE_ADD",
     "PRESENCE_MEMBERS",
     "PRESENCE_REMOVE",
     "PRESENCE_RESTORE",
     "PUBLISH",
+    "RELEASE",
     "SUBSCRIPTION_COUNTS",
     "Script",
 ]
@@ -46,7 +54,7 @@ class Script:
         object.__setattr__(self, "sha", digest)
 
     async def run(
-        self, client: Redis, keys: Sequence[str], args: Sequence[str | int | bytes]
+        self, client: Redis | RedisCluster, keys: Sequence[str], args: Sequence[str | int | bytes]
     ) -> Any:
         try:
             return await client.evalsha(self.sha, len(keys), *keys, *args)
@@ -93,16 +101,18 @@ PUBLISH = Script(
     """
 -- KEYS: meta, stream. ARGV: pubsub channel, the payload before its position, history
 -- size, history ttl ms, meta ttl ms, new epoch, the payload between the position in the
--- header and the one in the frame (see broadcaster.backends.redis.script_payload).
+-- header and the one in the frame, the end of the frame after its position (see
+-- broadcaster.backends.redis.codec.script_payload), the pub/sub command (PUBLISH or
+-- SPUBLISH).
 """
     + _EPOCH.replace("NEW_EPOCH", "ARGV[6]").replace("META_TTL", "ARGV[5]")
     + """
 local offset = redis.call('HINCRBY', KEYS[1], 'o', 1)
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
-local payload = ARGV[2] .. offset .. ' ' .. epoch .. ARGV[7] .. epoch .. ':' .. offset .. '"}'
+local payload = ARGV[2] .. offset .. ' ' .. epoch .. ARGV[7] .. epoch .. ':' .. offset .. ARGV[8]
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], offset .. '-0', 'p', payload)
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
-redis.call('PUBLISH', ARGV[1], payload)
+redis.call(ARGV[9], ARGV[1], payload)
 return {offset, epoch}
 """
 )
@@ -151,13 +161,14 @@ return {epoch, tonumber(redis.call('HGET', KEYS[1], 'o') or '0')}
 )
 
 # Presence entries are socket_id -> {"n": node id, "u": user id, "i": user info}. An
-# entry whose node has no heartbeat key is dead: it is ignored and deleted.
+# entry whose node is not in the list of live nodes (",id,id,") is dead: it is ignored
+# and deleted.
 _ALIVE = """
 local alive = {}
 local function is_alive(node)
   local live = alive[node]
   if live == nil then
-    live = redis.call('EXISTS', NODE_PREFIX .. node) == 1
+    live = string.find(LIVE_NODES, ',' .. node .. ',', 1, true) ~= nil
     alive[node] = live
   end
   return live
@@ -166,14 +177,13 @@ end
 
 PRESENCE_ADD = Script(
     """
--- KEYS: presence, this node's heartbeat. ARGV: socket id, entry, user id,
--- node key prefix, node ttl ms, this node's id, most distinct users (0: no limit).
+-- KEYS: presence. ARGV: socket id, entry, user id, the live nodes, node ttl ms, this
+-- node's id, most distinct users (0: no limit).
 -- Returns 1 when the user is new, 0 when not, -1 (nothing added) when the user is new
 -- and the channel is full: the check and the addition are one atomic step.
 """
-    + _ALIVE.replace("NODE_PREFIX", "ARGV[4]")
+    + _ALIVE.replace("LIVE_NODES", "ARGV[4]")
     + """
-redis.call('SET', KEYS[2], '1', 'PX', ARGV[5])
 alive[ARGV[6]] = true
 local existed = 0
 local users, count = {}, 0
@@ -200,10 +210,10 @@ return 1 - existed
 
 PRESENCE_REMOVE = Script(
     """
--- KEYS: presence. ARGV: socket id, the entry as this node knows it, node key prefix,
+-- KEYS: presence. ARGV: socket id, the entry as this node knows it, the live nodes,
 -- this node's id. Returns 1 when the user has no live connection left.
 """
-    + _ALIVE.replace("NODE_PREFIX", "ARGV[3]")
+    + _ALIVE.replace("LIVE_NODES", "ARGV[3]")
     + """
 alive[ARGV[4]] = true
 redis.call('HDEL', KEYS[1], ARGV[1])
@@ -219,9 +229,9 @@ return 1
 
 PRESENCE_MEMBERS = Script(
     """
--- KEYS: presence. ARGV: node key prefix. Returns the entries of live nodes.
+-- KEYS: presence. ARGV: the live nodes. Returns the entries of live nodes.
 """
-    + _ALIVE.replace("NODE_PREFIX", "ARGV[1]")
+    + _ALIVE.replace("LIVE_NODES", "ARGV[1]")
     + """
 local out = {}
 local entries = redis.call('HGETALL', KEYS[1])
@@ -248,15 +258,15 @@ return 1
 
 SUBSCRIPTION_COUNTS = Script(
     """
--- KEYS: the app's set of counting nodes. ARGV: per-node count hash prefix, node key
--- prefix, then the channels to count (none: every channel). Returns channel / total
+-- KEYS: the app's set of counting nodes. ARGV: per-node count hash prefix, the live
+-- nodes, then the channels to count (none: every channel). Returns channel / total
 -- pairs over live nodes; forgets dead nodes. Named channels are read with HMGET: a
 -- query about a few channels does not walk every channel of the app.
 local totals, names = {}, {}
 local wanted = {}
 for i = 3, #ARGV do wanted[#wanted + 1] = ARGV[i] end
 for _, node in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  if redis.call('EXISTS', ARGV[2] .. node) == 1 then
+  if string.find(ARGV[2], ',' .. node .. ',', 1, true) ~= nil then
     local counts
     if #wanted > 0 then
       local values = redis.call('HMGET', ARGV[1] .. node, unpack(wanted))
@@ -296,8 +306,8 @@ return out
 
 # Connection counts of apps with ``max_connections``: per app, a hash node -> its count
 # of open connections and a sorted set node -> deadline (Redis time, ms) refreshed by the
-# node's heartbeat. Both keys of an app share its hash tag on Redis Cluster, and the
-# scripts read nothing else: liveness is in the same slot, so one round trip per connect.
+# node's heartbeat. Both keys of an app share its hash tag, and the scripts read nothing
+# else: liveness is in the same slot, so one round trip per connect.
 _CONNECTIONS_NOW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -367,5 +377,46 @@ local ttl = tonumber(ARGV[2])
 redis.call('ZADD', KEYS[2], now + ttl, ARGV[1])
 keep(ttl)
 return 1
+"""
+)
+
+# Node liveness: one sorted set id -> heartbeat deadline, from Redis's own clock.
+BEAT = Script(
+    """
+-- KEYS: the nodes' sorted set. ARGV: node id, ttl ms. Returns 1 when the node was alive.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local deadline = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '0')
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return deadline > now and 1 or 0
+"""
+)
+
+LIVE = Script(
+    """
+-- KEYS: the nodes' sorted set. Returns the ids of the nodes whose deadline is ahead.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
+"""
+)
+
+# Claims (leases): a key holding its owner, with a ttl.
+CLAIM = Script(
+    """
+-- KEYS: the claim. ARGV: owner, ttl ms. Returns 1 when held by the owner now.
+local held = redis.call('GET', KEYS[1])
+if held and held ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+)
+
+RELEASE = Script(
+    """
+-- KEYS: the claim. ARGV: owner. Returns 1 when the owner's claim was deleted.
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
 """
 )

@@ -1,0 +1,59 @@
+"""The Redis key layout and payload pieces, without Redis (``broadcaster.backends.redis.
+layout``, ``codec``, ``scripts``): one hash-tagged layout for every topology."""
+
+from __future__ import annotations
+
+import orjson
+from redis.crc import key_slot
+
+from broadcaster.backends.redis import codec, layout, scripts
+from broadcaster.backends.redis.publish import publish_script_args
+from broadcaster.protocol import channel_event
+from broadcaster.publication import Position, Publication
+
+
+def test_a_channels_keys_and_pubsub_channel_share_one_slot() -> None:
+    kinds = ("pub", "meta", "stream", "presence")
+    names = [layout.channel_key("P", "A", "agent.s1", kind) for kind in kinds]
+    assert names[1] == "P:{A:agent.s1}:meta"
+    assert len({key_slot(name.encode()) for name in names}) == 1
+
+
+def test_an_apps_keys_share_one_slot_claims_included() -> None:
+    names = [
+        layout.control_channel("P", "A"),
+        layout.app_key("P", "A", "subs", "node-1"),
+        layout.app_key("P", "A", "subs-nodes"),
+        layout.app_key("P", "A", "conn-counts"),
+        layout.app_key("P", "A", "conn-nodes"),
+        layout.claim_key("P", "A", "run:s1"),
+    ]
+    assert names[0] == "P:{A}:#control"
+    assert len({key_slot(name.encode()) for name in names}) == 1
+
+
+def test_the_publish_scripts_arguments_are_its_keys_and_the_frames_pieces() -> None:
+    """KEYS are the channel's meta and stream; the frame's end and the pub/sub command
+    are arguments, so one script serves every topology."""
+    p = Publication("A", "chat", "ev", '{"x":1}', user_id="u1")
+    keys, args = publish_script_args("P", p, 10, 1.0, 2.0, "ep", sharded=True)
+    assert keys == ("P:{A:chat}:meta", "P:{A:chat}:stream")
+    assert args[0] == "P:{A:chat}:pub"
+    assert args[-2:] == (b'"}', "SPUBLISH")
+    assert publish_script_args("P", p, 10, 1.0, 2.0, "ep")[1][-1] == "PUBLISH"
+    # What the script assembles is the protocol's channel event, position included.
+    before, after = codec.script_payload(p)
+    payload = before + b"7 ep" + after + b"ep:7" + args[-2]
+    *_, frame = codec.split_payload(payload)
+    assert frame == channel_event("ev", "chat", '{"x":1}', "u1", Position(7, "ep"))
+    assert orjson.loads(frame)["position"] == "ep:7"
+
+
+def test_the_scripts_read_no_key_they_do_not_declare() -> None:
+    """Written for one slot: no heartbeat key read by name (``EXISTS ARGV..``), no frame
+    layout inside the Lua."""
+    for name in scripts.__all__:
+        script = getattr(scripts, name)
+        if isinstance(script, scripts.Script):
+            assert "EXISTS" not in script.source, name
+    assert '"}' not in scripts.PUBLISH.source
