@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -49,34 +50,51 @@ def test_a_bad_url_is_refused_with_what_is_wrong(url: str, error: str) -> None:
 
 @pytest.fixture(scope="module")
 def own_sentinel() -> Iterator[SentinelTopology]:
+    """A topology of this module's own, for the tests that kill its primary."""
     topology = SentinelTopology().start()
     yield topology
     topology.stop()
 
 
-@pytest.fixture
-async def nodes(own_sentinel: SentinelTopology) -> AsyncIterator[Start]:
+@asynccontextmanager
+async def _nodes_on(topology: SentinelTopology) -> AsyncIterator[Start]:
     prefix = f"test-{uuid.uuid4().hex[:12]}"
     started: list[Node] = []
 
     async def start(**options: Any) -> Node:
         options = {"prefix": prefix, "apps": (APP,), "reconnect_max": 0.2, **options}
-        node = Node(RedisBackend(own_sentinel.url, **options))
+        node = Node(RedisBackend(topology.url, **options))
         await node.backend.start(node.on_publication, node.on_control)
         started.append(node)
         return node
 
-    yield start
-    for node in started:
-        await node.backend.stop()
+    try:
+        yield start
+    finally:
+        for node in started:
+            await node.backend.stop()
+
+
+@pytest.fixture
+async def nodes(redis_sentinel: SentinelTopology) -> AsyncIterator[Start]:
+    """Nodes on the session's Sentinel topology: for tests that kill nothing."""
+    async with _nodes_on(redis_sentinel) as start:
+        yield start
+
+
+@pytest.fixture
+async def killable_nodes(own_sentinel: SentinelTopology) -> AsyncIterator[Start]:
+    """Nodes on this module's own topology, whose primary the test may kill."""
+    async with _nodes_on(own_sentinel) as start:
+        yield start
 
 
 async def test_agents_publish_through_the_primary_sentinel_names(
-    nodes: Start, own_sentinel: SentinelTopology
+    nodes: Start, redis_sentinel: SentinelTopology
 ) -> None:
     node = await nodes()
     await node.backend.subscribe(APP, "chat")
-    client = sentinel_client(own_sentinel.url)
+    client = sentinel_client(redis_sentinel.url)
     try:
         position = await publish_via_redis(client, node.backend.prefix, pub("agent"))
     finally:
@@ -87,10 +105,10 @@ async def test_agents_publish_through_the_primary_sentinel_names(
 
 
 async def test_a_killed_primary_is_followed_to_the_promoted_replica(
-    nodes: Start, own_sentinel: SentinelTopology
+    killable_nodes: Start, own_sentinel: SentinelTopology
 ) -> None:
-    publisher = await nodes(command_timeout=0.5)
-    subscriber = await nodes(command_timeout=0.5)
+    publisher = await killable_nodes(command_timeout=0.5)
+    subscriber = await killable_nodes(command_timeout=0.5)
     await subscriber.backend.subscribe(APP, "chat")
     before = await publisher.backend.publish(pub("before"))
     await subscriber.wait_for("chat", 1)
