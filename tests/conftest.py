@@ -4,6 +4,7 @@ in-process servers with Pusher clients (helpers: the :mod:`tests.support` packag
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -71,6 +72,15 @@ def redis_cluster() -> Iterator[ClusterTopology]:
     cluster = ClusterTopology().start()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _collect_what_the_module_left() -> Iterator[None]:
+    """Collect garbage after each module, so that a connection a module left open is
+    reported (ResourceWarning, an error here) at that module's last test, not inside
+    whichever test of another module the collector happens to run in."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

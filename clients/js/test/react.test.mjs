@@ -24,7 +24,10 @@ after(async () => {
 });
 
 test("useAgentSession renders the run live and its reconcile verdict at the end", async () => {
-  const run = await startRun(server.url, { input: "What is the weather in Oslo?", pace_ms: 5 });
+  // Paced so that the run (about 27 deltas) lasts some seconds: the hook, subscribing
+  // after the start, still sees most events arrive one by one on a loaded machine
+  // (at 5 ms a run could end before the subscription and arrive as one replayed batch).
+  const run = await startRun(server.url, { input: "What is the weather in Oslo?", pace_ms: 100 });
   const seen = [];
   const { result, unmount } = renderHook(() => {
     const status = useAgentSession(run.session_id, { url: server.url, since: run.position });
