@@ -285,8 +285,8 @@ def test_the_list_updates_live_as_a_run_starts_and_ends_and_idle_polls_are_304(
     expect(rows(page)).to_have_count(len(listed(demo.url)), timeout=WAIT_MS)
     # An idle poll is answered 304 (If-None-Match with the ETag of the last answer).
     page.wait_for_function("window.sessionsPage.notModified >= 1", timeout=WAIT_MS)
-    # A real run, paced to last a few polls.
-    started = start_run(demo.url, "What is the weather in Bergen?", pace_ms=700)
+    # A real run, paced to last a few polls (about 7 s: some 27 deltas, 250 ms apart).
+    started = start_run(demo.url, "What is the weather in Bergen?", pace_ms=250)
     row = page.locator(f'tr[data-session-id="{started["session_id"]}"]')
     expect(row.locator(".badge")).to_have_text("running", timeout=WAIT_MS)
     expect(row.locator(".badge")).to_have_text("completed", timeout=WAIT_MS)
@@ -683,7 +683,7 @@ def test_two_runs_of_different_sessions_ticked_on_the_list_are_compared(
 def test_a_run_read_while_still_going_offers_to_follow_the_session_live(
     page: Page, demo: ServerProcess, runs: Runs
 ) -> None:
-    going = start_run(demo.url, "What is the weather in Tromso?", pace_ms=1500)
+    going = start_run(demo.url, "What is the weather in Tromso?", pace_ms=400)
     session, execution = going["session_id"], going["execution_id"]
     open_run(page, demo, session)
     expect(page.locator("#execution-id")).to_have_text(execution)
