@@ -280,8 +280,8 @@ def summarize(base: RunSummary, envelopes: Iterable[dict[str, Any]]) -> RunSumma
     names = {"input": "prompt", "output": "completion", "total": "total"}
     for envelope in envelopes:
         kind, payload = envelope.get("type"), envelope.get("payload")
-        if not isinstance(payload, dict):
-            continue
+        if not isinstance(payload, dict) or payload.get("parent_execution_id"):
+            continue  # a nested run's envelopes are not the run's own (they are in its trace)
         if kind == "agent.status":
             status = payload.get("status")
             if status in ("completed", "failed"):
@@ -372,16 +372,25 @@ def build_trace(
     kept: Sequence[Publication], execution_id: str, max_bytes: int = TRACE_BYTES
 ) -> Trace:
     """The run ``execution_id``'s envelopes among ``kept`` (a channel's history, oldest
-    first), bounded to ``max_bytes``."""
+    first), with those of the runs nested in it (``payload.parent_execution_id``: a
+    routed capability's inner agent), bounded to ``max_bytes``."""
     mine: list[tuple[Publication, dict[str, Any]]] = []
+    runs = {execution_id}  # the run and the runs nested in it, at any depth
     for publication in kept:
-        if execution_id not in publication.data:  # cheap test before decoding
+        if not any(run in publication.data for run in runs):  # cheap test before decoding
             continue
         try:
             envelope = orjson.loads(publication.data)
         except orjson.JSONDecodeError:
             continue
-        if isinstance(envelope, dict) and envelope.get("execution_id") == execution_id:
+        if not isinstance(envelope, dict):
+            continue
+        payload = envelope.get("payload")
+        parent = payload.get("parent_execution_id") if isinstance(payload, dict) else None
+        if envelope.get("execution_id") == execution_id:
+            mine.append((publication, envelope))
+        elif parent in runs and isinstance(envelope.get("execution_id"), str):
+            runs.add(envelope["execution_id"])
             mine.append((publication, envelope))
     trimmed = False
     if mine:

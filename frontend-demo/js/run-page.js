@@ -94,7 +94,7 @@ async function loadTrace(run) {
     prefetched.delete(run.executionId);
     const body = (early && (await early)) || (await api(tracePath(run.executionId, "json", run.sessionId)));
     const fetched = performance.now();
-    const records = (body.envelopes || []).filter((record) => record?.envelope?.execution_id === run.executionId || !record?.envelope?.execution_id);
+    const records = (body.envelopes || []).filter((record) => record?.envelope?.execution_id === run.executionId || !record?.envelope?.execution_id || Boolean(record?.envelope?.payload?.parent_execution_id));
     run.view = foldRun(records, run.sessionId);
     run.records = records;
     run.trimmed = Boolean(body.trimmed);
@@ -270,6 +270,7 @@ function renderWaterfall(run) {
     row.dataset.depth = String(span.depth);
     row.dataset.step = String(span.step);
     if (span.toolCallId) row.dataset.toolCallId = span.toolCallId;
+    if (span.nested) row.dataset.nested = span.nested;
     const label = element("div", "span-label");
     label.style.paddingLeft = `${span.depth * 1.1}rem`;
     label.append(element("span", "span-name mono", span.label));

@@ -102,7 +102,7 @@ def runs(demo: ServerProcess) -> Runs:
     golden = publish_run(demo.url, golden_records("completed")[0], "What is the weather in Oslo?")
     completed = ran(demo.url, LISBON)
     failed = ran(demo.url, "[fail:tool] What is the weather in Porto?", max_steps=2)
-    routed = ran(demo.url, "What is the weather in Oslo?", mode="route")
+    routed = ran(demo.url, "What is the weather in Oslo? And 3*7?", mode="route")
     first = ran(demo.url, f"[fail:model] {LISBON}", max_steps=2)
     second = ran(demo.url, LISBON, session_id=first.session_id)
     return Runs(
@@ -380,11 +380,29 @@ def test_a_routed_capabilitys_work_is_nested_under_its_call(
         ["step", "0", "Step 1"],
         ["stage", "1", "intent_classifier"],
         ["capability", "1", "weather_agent"],
+        # The capability's inner agent, a run nested under the call: its own steps.
+        ["step", "2", "Step 1"],
+        ["model", "3", "model call"],
+        ["tool", "3", "get_weather"],
+        ["step", "2", "Step 2"],
+        ["model", "3", "model call"],
+        ["tool", "3", "calculator"],
+        ["step", "2", "Step 3"],
+        ["model", "3", "model call"],
         ["stage", "2", "continuation_decider"],
         ["stage", "1", "session_memory"],  # after the step: the exchange remembered
     ], found
     capability = page.locator('#waterfall li[data-kind="capability"]')
     expect(capability.locator(".span-detail")).to_contain_text("In Oslo it is cloudy")
+    # The nested run is the inner agent's (its own execution id), not listed as a run.
+    inner = {e["envelope"]["execution_id"] for e in run.records} - {run.execution_id}
+    assert len(inner) == 1, inner
+    nested = page.locator(f'#waterfall li[data-kind="step"][data-nested="{inner.pop()}"]')
+    expect(nested).to_have_count(3)
+    expect(page.locator("#run-list > li")).to_have_count(1)
+    expect(page.locator("#run-steps")).to_have_text("1")  # the routed run's own step
+    assert run.summary["steps"] == 1
+    assert run.summary["tool_calls"] == 4  # classifier, capability, decider, memory
     screenshot(page, artifacts, "run-page-routed")
 
 

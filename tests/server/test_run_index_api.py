@@ -337,9 +337,23 @@ async def test_a_routed_run_is_listed_with_its_capability(start_server: StartSer
 
         await until(ended, "the routed run to end")
         [run] = (await http.get(path)).json()["runs"]
+        listed = (await http.get("/api/sessions")).json()["runs"]
+        params = {"execution_id": started["execution_id"]}
+        trace = (await http.get(f"{path[: -len('/runs')]}/trace", params=params)).json()
     assert run["status"] == "completed", run
     assert run["capability"]
     assert run["execution_id"] == started["execution_id"]
+    # The capability's inner agent is a run nested under its call: in the routed run's
+    # trace, not listed as a run of its own, not counted in the routed run's totals.
+    assert [r["execution_id"] for r in listed] == [started["execution_id"]]
+    nested = [
+        e["envelope"]
+        for e in trace["envelopes"]
+        if e["envelope"]["execution_id"] != started["execution_id"]
+    ]
+    assert len(nested) >= 10
+    assert {e["payload"]["parent_execution_id"] for e in nested} == {started["execution_id"]}
+    assert (run["steps"], run["tool_calls"]) == (1, 4)  # classifier, capability, decider, memory
 
 
 async def publish(node: Node, channel: str, execution_id: str, kind: str, **payload: Any) -> None:
