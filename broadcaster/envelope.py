@@ -48,8 +48,9 @@ __all__ = [
     "utc_timestamp",
 ]
 
-SCHEMA_VERSION = "1.1.0"
-"""1.1.0 added ``agent.tool.started`` ``arguments`` (optional, additive)."""
+SCHEMA_VERSION = "1.2.0"
+"""1.1.0 added ``agent.tool.started`` ``arguments``; 1.2.0 ``parent_execution_id`` and
+``parent_tool_call_id`` on every payload (a nested run's link; optional, additive)."""
 SCHEMA_FILE = "schemas/agent-envelope.v1.schema.json"
 _TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 
