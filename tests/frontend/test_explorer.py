@@ -403,6 +403,13 @@ def test_a_routed_capabilitys_work_is_nested_under_its_call(
     expect(page.locator("#run-steps")).to_have_text("1")  # the routed run's own step
     assert run.summary["steps"] == 1
     assert run.summary["tool_calls"] == 4  # classifier, capability, decider, memory
+    # In the inspector the inner agent's envelopes are in the step of the call they serve.
+    steps = page.locator("#filter-step option").evaluate_all("options => options.map(o => o.value)")
+    assert steps == ["", "1"], steps
+    page.locator("#filter-step").select_option("1")
+    own_status = [r for r in run.records if r["envelope"]["type"] == "agent.status"]
+    own_status = [r for r in own_status if "parent_execution_id" not in r["envelope"]["payload"]]
+    expect(page.locator("#inspector > li")).to_have_count(len(run.records) - len(own_status))
     screenshot(page, artifacts, "run-page-routed")
 
 
