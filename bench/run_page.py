@@ -1,12 +1,12 @@
 """``python -m bench.run_page``: how long the run page takes to show a run of 2,000
 envelopes in Chromium (issue 31's figure: within 1 s).
 
-A real demo server serves the page and the client kit; the run's trace comes from the
-index stand-in of the browser tests (``tests/frontend/index_standin.py``: the contract's
-``GET /api/sessions/{id}/runs`` and ``.../trace`` over a real socket) until the
-server's own endpoints land, then from those. The run is the golden ``completed`` run's
-first step repeated to 2,000 envelopes (180 steps, 180 tool calls, continuation
-decisions, text chunks). Each repetition opens the page in a fresh tab, at the address
+A real demo server serves the page, the client kit and the run index: the run's
+envelopes are published to it through the signed HTTP API and its state stored, so the
+server's own ``GET /api/sessions/{id}/runs`` and ``.../trace`` answer the page
+(``tests/frontend/recorded.py``). The run is the golden ``completed`` run's first step
+repeated to 2,000 envelopes (180 steps, 180 tool calls, continuation decisions, text
+chunks). Each repetition opens the page in a fresh tab, at the address
 the sessions page links (session and execution), and reads from the page's own clock
 (``performance.now()``, 0 at navigation start):
 
@@ -35,30 +35,32 @@ import time
 from playwright.sync_api import sync_playwright
 
 from tests.e2e.frontend.conftest import CHROMIUM, CHROMIUM_ARGS
-from tests.e2e.frontend.index_standin import IndexStandIn, RecordedRun, long_run, route_index
+from tests.e2e.frontend.recorded import long_run, publish_run
 from tests.support.processes import ServerProcess
-from tests.support.threaded import served_in_thread
 
 TARGET_MS = 1000.0
 
 
 def measure(envelopes: int, repeat: int) -> dict[str, object]:
-    standin = IndexStandIn()
-    run = standin.add(RecordedRun(long_run(envelopes, "s-bench-run-page")))
-    server = ServerProcess(["--demo"]).start()
+    history = str(max(envelopes + 100, 1000))
+    server = ServerProcess(["--demo", "--history-size", history]).start()
     samples: list[dict[str, float]] = []
     try:
-        with served_in_thread(standin.app, "index stand-in") as port, sync_playwright() as pw:
+        trace = publish_run(server.url, long_run(envelopes, "s-bench-run-page"), "bench")
+        summary = trace["summary"]
+        assert len(trace["envelopes"]) == envelopes, "the trace lost envelopes"
+        assert not trace["trimmed"], "the trace was trimmed"
+        with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             context = browser.new_context(viewport={"width": 1280, "height": 900})
-            route_index(context, f"http://127.0.0.1:{port}")
             # As the sessions page links a run: the session and the execution.
-            query = f"session={run.session_id}&execution={run.execution_id}"
+            execution = summary["execution_id"]
+            query = f"session={summary['session_id']}&execution={execution}"
             url = f"{server.url}/demo/run.html?{query}"
             for index in range(repeat + 1):  # the first warms the server and the cache
                 page = context.new_page()
                 page.goto(url)
-                page.wait_for_selector(f'body[data-rendered="{run.execution_id}"]', timeout=60_000)
+                page.wait_for_selector(f'body[data-rendered="{execution}"]', timeout=60_000)
                 page.wait_for_function("window.runPage.timings.readyAt > 0")
                 timings = page.evaluate("window.runPage.timings")
                 shown = page.locator("#inspector-count").inner_text()
@@ -81,7 +83,7 @@ def measure(envelopes: int, repeat: int) -> dict[str, object]:
     return {
         "bench": "run_page",
         "envelopes": envelopes,
-        "steps": run.summary["steps"],
+        "steps": summary["steps"],
         "repeat": repeat,
         "ready_ms": stat("readyAt"),
         "script_start_ms": stat("startAt"),

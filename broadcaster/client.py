@@ -342,6 +342,36 @@ def _apply(run: RunView, kind: str, payload: dict[str, Any], at: str | None) -> 
         run["resolved_by"] = payload["resolved_by"]
 
 
+_LINK = ("parent_execution_id", "parent_tool_call_id")
+
+
+def _owner(run: RunView, execution_id: str) -> RunView | None:
+    """The run ``execution_id`` among ``run`` and the runs nested in it (any depth)."""
+    if run["execution_id"] == execution_id:
+        return run
+    for runs in (run.get("nested") or {}).values():
+        for child in runs.values():
+            found = _owner(child, execution_id)
+            if found is not None:
+                return found
+    return None
+
+
+def _fold_nested(run: RunView, envelope: dict[str, Any], payload: dict[str, Any]) -> None:
+    """A nested run's envelope (a routed capability's inner agent): folded into its own
+    RunView, kept as ``nested[<parent tool call id>][<execution id>]`` of the run it
+    runs in, never into that run's steps, status or usage."""
+    owner = _owner(run, str(payload["parent_execution_id"])) or run
+    call = str(payload.get("parent_tool_call_id") or "")
+    execution = str(envelope.get("execution_id") or "")
+    runs = owner.setdefault("nested", {}).setdefault(call, {})
+    child = runs.get(execution)
+    if child is None:
+        child = runs[execution] = create_run_view(envelope.get("session_id"))
+    inner = {k: v for k, v in payload.items() if k not in _LINK}
+    _fold(child, {**envelope, "payload": inner}, None)
+
+
 def _fold(run: RunView, envelope: Any, position: str | None) -> bool:
     """Fold ``envelope`` into ``run`` in place; False when it leaves the run as it was."""
     if not isinstance(envelope, dict) or envelope.get("type") not in _KNOWN:
@@ -349,6 +379,11 @@ def _fold(run: RunView, envelope: Any, position: str | None) -> bool:
     payload = envelope.get("payload")
     if not isinstance(payload, dict) or _is_replay(run["position"], position):
         return False
+    if payload.get("parent_execution_id") is not None:
+        _fold_nested(run, envelope, payload)
+        if position is not None:
+            run["position"] = position
+        return True
     at = envelope.get("timestamp")
     if run["started_at"] is None and at is not None:
         run["started_at"] = at
@@ -812,7 +847,11 @@ class SessionWatch:
         envelope = _data(message)
         self._queue.put_nowait((envelope, position))
         payload = envelope.get("payload") or {}
-        if envelope.get("type") == "agent.status" and payload.get("status") in TERMINAL:
+        if (
+            envelope.get("type") == "agent.status"
+            and payload.get("status") in TERMINAL
+            and payload.get("parent_execution_id") is None  # a nested run's end is not the run's
+        ):
             self._ended = self.until_end
         # A run that ends within a replay ends once the resume answer came, so the
         # answer (recovered or not) is always reported.

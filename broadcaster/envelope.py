@@ -48,8 +48,9 @@ __all__ = [
     "utc_timestamp",
 ]
 
-SCHEMA_VERSION = "1.1.0"
-"""1.1.0 added ``agent.tool.started`` ``arguments`` (optional, additive)."""
+SCHEMA_VERSION = "1.2.0"
+"""1.1.0 added ``agent.tool.started`` ``arguments``; 1.2.0 ``parent_execution_id`` and
+``parent_tool_call_id`` on every payload (a nested run's link; optional, additive)."""
 SCHEMA_FILE = "schemas/agent-envelope.v1.schema.json"
 _TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 
@@ -73,13 +74,39 @@ class _Model(BaseModel):
 # --- payloads ------------------------------------------------------------------------
 
 
+def _absent(value: object) -> bool:
+    return value is None
+
+
+class _Payload(_Model):
+    """What every payload may carry: the link of a nested run to its parent (left out
+    of the JSON when absent, so a top-level run's envelopes are as they were)."""
+
+    parent_execution_id: str | None = Field(
+        default=None,
+        exclude_if=_absent,
+        min_length=1,
+        max_length=128,
+        description=(
+            "Set on the envelopes of a nested run (a routed capability's inner agent): "
+            "the execution id of the run it runs inside. Absent on a top-level run."
+        ),
+    )
+    parent_tool_call_id: str | None = Field(
+        default=None,
+        exclude_if=_absent,
+        min_length=1,
+        description="With parent_execution_id: the parent's tool call the nested run serves.",
+    )
+
+
 class UsagePayload(_Model):
     prompt: int = Field(default=0, ge=0)
     completion: int = Field(default=0, ge=0)
     total: int = Field(default=0, ge=0)
 
 
-class StatusPayload(_Model):
+class StatusPayload(_Payload):
     """``agent.status``: the run's overall status changed."""
 
     status: Literal["pending", "in_progress", "completed", "failed"]
@@ -94,7 +121,7 @@ class StatusPayload(_Model):
     )
 
 
-class StepStartedPayload(_Model):
+class StepStartedPayload(_Payload):
     """``agent.step.started``."""
 
     step_number: int = Field(ge=1)
@@ -117,7 +144,7 @@ class ToolCallRef(_Model):
     name: str = Field(min_length=1)
 
 
-class StepCompletedPayload(_Model):
+class StepCompletedPayload(_Payload):
     """``agent.step.completed`` (``continuation`` when the trace is enabled)."""
 
     step_number: int = Field(ge=1)
@@ -130,7 +157,7 @@ class StepCompletedPayload(_Model):
     continuation: ContinuationSummary | None = None
 
 
-class ToolStartedPayload(_Model):
+class ToolStartedPayload(_Payload):
     """``agent.tool.started``."""
 
     tool_name: str = Field(min_length=1)
@@ -146,7 +173,7 @@ class ToolStartedPayload(_Model):
     )
 
 
-class ToolCompletedPayload(_Model):
+class ToolCompletedPayload(_Payload):
     """``agent.tool.completed``."""
 
     tool_name: str = Field(min_length=1)
@@ -158,7 +185,7 @@ class ToolCompletedPayload(_Model):
     step_number: int | None = Field(default=None, ge=1)
 
 
-class StreamChunkPayload(_Model):
+class StreamChunkPayload(_Payload):
     """``agent.stream.chunk``: coalesced streamed text."""
 
     chunk: str
@@ -175,7 +202,7 @@ class ContinuationEvaluationPayload(_Model):
     stop_reason: str | None = None
 
 
-class ContinuationPayload(_Model):
+class ContinuationPayload(_Payload):
     """``agent.continuation``: the full decision for one step (debugging trace)."""
 
     step_number: int = Field(ge=0)

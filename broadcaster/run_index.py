@@ -266,13 +266,22 @@ def _clip(text: str | None, limit: int) -> str | None:
 
 def summarize(base: RunSummary, envelopes: Iterable[dict[str, Any]]) -> RunSummary:
     """``base`` (the start record) with what the run's envelopes say: status, stop
-    reason, deciding criterion, steps, tool calls, tokens, error."""
+    reason, deciding criterion, steps, tool calls, tokens, error.
+
+    ``steps`` and ``tokens`` are the run's own, as the client's reducer counts them:
+    its completed steps and the sum of their usage. Step numbers go on across the runs
+    of a session (a second run's steps are 4, 5, 6) and a final ``step_count`` and
+    ``usage`` are the session's, so they are used only when no step said (a trace cut
+    short, a framework that reports usage at the end)."""
     run = base
     tools: set[str] = set()
+    steps: set[int] = set()
+    spent = {"input": 0, "output": 0, "total": 0}
+    names = {"input": "prompt", "output": "completion", "total": "total"}
     for envelope in envelopes:
         kind, payload = envelope.get("type"), envelope.get("payload")
-        if not isinstance(payload, dict):
-            continue
+        if not isinstance(payload, dict) or payload.get("parent_execution_id"):
+            continue  # a nested run's envelopes are not the run's own (they are in its trace)
         if kind == "agent.status":
             status = payload.get("status")
             if status in ("completed", "failed"):
@@ -283,7 +292,9 @@ def summarize(base: RunSummary, envelopes: Iterable[dict[str, Any]]) -> RunSumma
                     ended_at=_seconds(envelope.get("timestamp")) or time.time(),
                     stop_reason=payload.get("stop_reason"),
                     error=_clip(payload.get("error_message"), MESSAGE_CHARS),
-                    steps=max(run.steps, int(payload.get("step_count") or 0)),
+                    steps=max(run.steps, int(payload.get("step_count") or 0))
+                    if not steps
+                    else run.steps,
                     tokens={
                         "input": int(usage.get("prompt") or 0),
                         "output": int(usage.get("completion") or 0),
@@ -291,21 +302,26 @@ def summarize(base: RunSummary, envelopes: Iterable[dict[str, Any]]) -> RunSumma
                     },
                 )
         elif kind == "agent.step.completed":
-            number = int(payload.get("step_number") or 0)
+            steps.add(int(payload.get("step_number") or 0))
+            usage = payload.get("usage")
+            if isinstance(usage, dict):
+                for ours, theirs in names.items():
+                    spent[ours] += int(usage.get(theirs) or 0)
             decision = payload.get("continuation")
-            run = replace(run, steps=max(run.steps, number))
+            run = replace(run, steps=len(steps))
             if isinstance(decision, dict) and decision.get("resolved_by"):
                 run = replace(run, resolved_by=str(decision["resolved_by"]))
         elif kind == "agent.continuation" and payload.get("resolved_by"):
             run = replace(run, resolved_by=str(payload["resolved_by"]))
         elif kind == "agent.tool.started" and payload.get("tool_call_id"):
             tools.add(str(payload["tool_call_id"]))
-    return replace(run, tool_calls=max(run.tool_calls, len(tools)))
+    run = replace(run, tool_calls=max(run.tool_calls, len(tools)))
+    return replace(run, tokens=spent) if spent["total"] else run
 
 
 def from_snapshot(run: RunSummary, snapshot: Mapping[str, Any]) -> RunSummary:
     """``run`` with what a final slim snapshot says and no final ``agent.status`` said
-    yet: stop reason, deciding criterion, steps and tokens."""
+    yet: stop reason, deciding criterion, steps (when none was seen) and tokens."""
     decision = snapshot.get("last_continuation")
     usage = snapshot.get("usage")
     if isinstance(decision, dict):
@@ -315,8 +331,8 @@ def from_snapshot(run: RunSummary, snapshot: Mapping[str, Any]) -> RunSummary:
         if isinstance(resolved_by, str):
             run = replace(run, resolved_by=resolved_by)
     count = snapshot.get("step_count")
-    if isinstance(count, int) and not isinstance(count, bool):
-        run = replace(run, steps=max(run.steps, count))
+    if isinstance(count, int) and not isinstance(count, bool) and not run.steps:
+        run = replace(run, steps=count)
     if isinstance(usage, dict):
         names = {"input": "prompt", "output": "completion", "total": "total"}
         tokens = {ours: usage.get(theirs) for ours, theirs in names.items()}
@@ -324,6 +340,17 @@ def from_snapshot(run: RunSummary, snapshot: Mapping[str, Any]) -> RunSummary:
         if len(counts) == len(names):
             run = replace(run, tokens=counts)
     return run
+
+
+def _first_user_message(snapshot: Mapping[str, Any]) -> str:
+    """The text of the snapshot's first user message ("" if none): the run's input,
+    for the preview of a run indexed from its stored state alone."""
+    messages = snapshot.get("messages")
+    for message in messages if isinstance(messages, list) else ():
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            return content if isinstance(content, str) else ""
+    return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,16 +372,25 @@ def build_trace(
     kept: Sequence[Publication], execution_id: str, max_bytes: int = TRACE_BYTES
 ) -> Trace:
     """The run ``execution_id``'s envelopes among ``kept`` (a channel's history, oldest
-    first), bounded to ``max_bytes``."""
+    first), with those of the runs nested in it (``payload.parent_execution_id``: a
+    routed capability's inner agent), bounded to ``max_bytes``."""
     mine: list[tuple[Publication, dict[str, Any]]] = []
+    runs = {execution_id}  # the run and the runs nested in it, at any depth
     for publication in kept:
-        if execution_id not in publication.data:  # cheap test before decoding
+        if not any(run in publication.data for run in runs):  # cheap test before decoding
             continue
         try:
             envelope = orjson.loads(publication.data)
         except orjson.JSONDecodeError:
             continue
-        if isinstance(envelope, dict) and envelope.get("execution_id") == execution_id:
+        if not isinstance(envelope, dict):
+            continue
+        payload = envelope.get("payload")
+        parent = payload.get("parent_execution_id") if isinstance(payload, dict) else None
+        if envelope.get("execution_id") == execution_id:
+            mine.append((publication, envelope))
+        elif parent in runs and isinstance(envelope.get("execution_id"), str):
+            runs.add(envelope["execution_id"])
             mine.append((publication, envelope))
     trimmed = False
     if mine:
@@ -484,6 +520,10 @@ class RunRecorder:
             summary = replace(
                 summary, status=final, ended_at=time.time(), error=_clip(error, MESSAGE_CHARS)
             )
+        if snapshot is not None and not summary.input_preview:
+            # Indexed from its stored state alone (no start record): its input.
+            preview = _first_user_message(snapshot)[:PREVIEW_CHARS]
+            summary = replace(summary, input_preview=preview)
         if capability is not None:
             summary = replace(summary, capability=capability)
         if entries:

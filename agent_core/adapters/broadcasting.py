@@ -206,6 +206,9 @@ class EnvelopeEmitter:
         execution_id: the envelopes' execution id; when None, each event's own.
         options: what to publish (see :class:`AdapterOptions`).
         channel: publish here instead of ``agent.<session_id>`` (e.g. a private one).
+        parent: ``(execution id, tool call id)`` of the run and call this one runs
+            inside (a nested run): every payload names them (``parent_execution_id``,
+            ``parent_tool_call_id``).
     """
 
     def __init__(
@@ -216,7 +219,9 @@ class EnvelopeEmitter:
         *,
         options: AdapterOptions | None = None,
         channel: str | None = None,
+        parent: tuple[str, str] | None = None,
     ) -> None:
+        self.parent = parent
         self.publisher = publisher
         self.session_id = session_id
         self.execution_id = execution_id
@@ -435,6 +440,12 @@ class EnvelopeEmitter:
         await self._publish(model(**self._ids(event), payload=payload))
 
     async def _publish(self, envelope: env.Envelope) -> None:
+        if self.parent is not None:
+            execution, call = self.parent
+            link = {"parent_execution_id": execution, "parent_tool_call_id": call}
+            envelope = envelope.model_copy(
+                update={"payload": envelope.payload.model_copy(update=link)}
+            )
         try:
             await self.publisher.broadcast(self.channel, envelope)
         except Exception:
@@ -454,6 +465,7 @@ class AgentEventAdapter(EnvelopeEmitter):
         options: what to publish (see :class:`AdapterOptions`).
         final_state: stores the final state before the final ``agent.status``.
         channel: publish here instead of ``agent.<session_id>`` (e.g. a private one).
+        parent: the parent run and tool call of a nested run (see :class:`EnvelopeEmitter`).
     """
 
     def __init__(
@@ -465,8 +477,11 @@ class AgentEventAdapter(EnvelopeEmitter):
         options: AdapterOptions | None = None,
         final_state: FinalStateHook | None = None,
         channel: str | None = None,
+        parent: tuple[str, str] | None = None,
     ) -> None:
-        super().__init__(publisher, session_id, execution_id, options=options, channel=channel)
+        super().__init__(
+            publisher, session_id, execution_id, options=options, channel=channel, parent=parent
+        )
         self._final_state_hook = final_state
         self._final: AgentState | None = None
         self._latest: AgentState | None = None

@@ -48,24 +48,60 @@ publishing machinery (order, coalesced text, ids) is the agent adapter's too
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import secrets
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from agent_core import events as ev
 from agent_core.adapters.broadcasting import (
     AdapterOptions,
+    AgentEventAdapter,
     EnvelopeEmitter,
     summarize_args,
     usage_payload,
 )
 from agent_core.orchestrators import orchestration_events as oe
+from agent_core.orchestrators.routing.capabilities import CAPABILITY_CALL
 from agent_core.orchestrators.routing.decider import ContinuationResult
 from agent_core.orchestrators.stepbystep import StepByStep
 from agent_core.state import AgentStatus
 from broadcaster import envelope as env
 from broadcaster.publishers import Publisher
 
-__all__ = ["OrchestrationEventAdapter"]
+__all__ = ["OrchestrationEventAdapter", "nested_run_adapter", "publishing_nested_runs"]
+
+_NESTING: ContextVar[OrchestrationEventAdapter | None] = ContextVar("nesting", default=None)
+
+
+@contextmanager
+def publishing_nested_runs(adapter: OrchestrationEventAdapter) -> Iterator[None]:
+    """Within the block, a capability that runs an agent publishes it as a run nested
+    under its call, on ``adapter``'s channel (:func:`nested_run_adapter`)."""
+    token = _NESTING.set(adapter)
+    try:
+        yield
+    finally:
+        _NESTING.reset(token)
+
+
+def nested_run_adapter() -> AgentEventAdapter | None:
+    """The adapter of an agent a capability runs now, as a nested run: on the routed
+    run's channel, with an execution id of its own, every payload naming the routed run
+    and the capability call (``parent_execution_id``, ``parent_tool_call_id``). None
+    outside :func:`publishing_nested_runs` or a capability call."""
+    parent, call = _NESTING.get(), CAPABILITY_CALL.get()
+    if parent is None or call is None or parent.execution_id is None:
+        return None
+    return AgentEventAdapter(
+        parent.publisher,
+        parent.session_id,
+        f"x-{secrets.token_hex(8)}",
+        options=parent.options,
+        channel=parent.channel,
+        parent=(parent.execution_id, call),
+    )
 
 
 class OrchestrationEventAdapter(EnvelopeEmitter):

@@ -229,8 +229,8 @@ async def last_run(
             break
         for publication in reversed(page.publications):
             envelope = envelope_of(publication.event, publication.data)
-            if envelope is None:
-                continue
+            if envelope is None or envelope.payload.parent_execution_id is not None:
+                continue  # not ours, or a nested run's (a capability's inner agent)
             newest = newest or envelope.execution_id
             if not isinstance(envelope, env.AgentStatus) or envelope.payload.status == "pending":
                 continue

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from agent_core.adapters.orchestration_broadcasting import nested_run_adapter
 from agent_core.app.demo_tools import demo_driver, demo_tools
 from agent_core.app.runs import DriverFactory, PacedDriver, RouterFactory, RunRequest, ToolsFactory
 from agent_core.builder import AgentBuilder
@@ -86,7 +87,14 @@ class WeatherAgentCapability:
     async def execute(self, arguments: Mapping[str, Any]) -> CapabilityResult:
         text = _text(arguments)
         builder = AgentBuilder().with_driver(self.driver_factory(text)).with_tools(*self.tools())
-        state = await builder.build().run(text)
+        nested = nested_run_adapter()  # published under the capability's call
+        if nested is None:
+            state = await builder.build().run(text)
+        else:
+            try:
+                state = await nested.install(builder).build().run(text)
+            finally:
+                await nested.aclose()
         steps = state.steps()
         metadata: dict[str, Any] = {
             "agent_steps": len(steps),

@@ -47,7 +47,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent_core._time import utc_now
 from agent_core.adapters.broadcasting import AdapterOptions, AgentEventAdapter
-from agent_core.adapters.orchestration_broadcasting import OrchestrationEventAdapter
+from agent_core.adapters.orchestration_broadcasting import (
+    OrchestrationEventAdapter,
+    publishing_nested_runs,
+)
 from agent_core.builder import DEFAULT_MAX_STEPS, AgentBuilder
 from agent_core.continuation import (
     ContinuationDecision,
@@ -691,9 +694,10 @@ class RunManager:
             router = self.router_factory(request, memory)
             adapter.install(router)
             async with deadline:
-                state = await router.handle(
-                    request.input, handle.session_id, execution_id=handle.execution_id
-                )
+                with publishing_nested_runs(adapter):
+                    state = await router.handle(
+                        request.input, handle.session_id, execution_id=handle.execution_id
+                    )
             await adapter.publish_final(await self._store_routed(handle, state, memory.context))
         except Exception as exc:
             message = self._failure(handle, exc, deadline)

@@ -94,7 +94,7 @@ async function loadTrace(run) {
     prefetched.delete(run.executionId);
     const body = (early && (await early)) || (await api(tracePath(run.executionId, "json", run.sessionId)));
     const fetched = performance.now();
-    const records = (body.envelopes || []).filter((record) => record?.envelope?.execution_id === run.executionId || !record?.envelope?.execution_id);
+    const records = (body.envelopes || []).filter((record) => record?.envelope?.execution_id === run.executionId || !record?.envelope?.execution_id || Boolean(record?.envelope?.payload?.parent_execution_id));
     run.view = foldRun(records, run.sessionId);
     run.records = records;
     run.trimmed = Boolean(body.trimmed);
@@ -270,6 +270,7 @@ function renderWaterfall(run) {
     row.dataset.depth = String(span.depth);
     row.dataset.step = String(span.step);
     if (span.toolCallId) row.dataset.toolCallId = span.toolCallId;
+    if (span.nested) row.dataset.nested = span.nested;
     const label = element("div", "span-label");
     label.style.paddingLeft = `${span.depth * 1.1}rem`;
     label.append(element("span", "span-name mono", span.label));
@@ -343,11 +344,20 @@ function renderContinuations(run) {
 function indexRecords(run) {
   if (run.index) return run.index;
   let step = null;
+  const callSteps = new Map(); // tool_call_id -> the step it was called in
   run.index = run.records.map((record, i) => {
     const envelope = record.envelope;
+    const payload = envelope?.payload ?? {};
+    if (payload.parent_tool_call_id) {
+      // A nested run's envelope (a capability's inner agent): in the step of the call it
+      // serves, and found by that call as well as by its own tool calls.
+      const tool = payload.tool_call_id ?? payload.parent_tool_call_id;
+      return { i, record, type: String(envelope?.type ?? ""), step: callSteps.get(payload.parent_tool_call_id) ?? step, tool };
+    }
     const own = stepOfEnvelope(envelope, step);
     if (envelope?.type === "agent.step.started" && own !== null) step = own;
-    return { i, record, type: String(envelope?.type ?? ""), step: own, tool: envelope?.payload?.tool_call_id ?? null };
+    if (payload.tool_call_id && own !== null) callSteps.set(payload.tool_call_id, own);
+    return { i, record, type: String(envelope?.type ?? ""), step: own, tool: payload.tool_call_id ?? null };
   });
   return run.index;
 }

@@ -16,16 +16,26 @@ function time(timestamp) {
 
 /**
  * Split a session's records into runs by execution_id (a new id starts a new run;
- * records without one stay with the run before them). Returns
+ * records without one stay with the run before them; a nested run's records, those
+ * with payload.parent_execution_id, stay with the run they are nested in). Returns
  * [{executionId, records, view}] in order of first appearance, `view` being the kit's
  * RunView of that run alone, so two runs on one session never merge.
  */
 export function splitRuns(records, sessionId = null) {
   const runs = [];
   const byId = new Map();
+  const roots = new Map(); // a nested run's execution id -> the top-level run's
   let current = null;
   for (const record of records) {
-    const id = record.envelope?.execution_id || current?.executionId || null;
+    const parent = record.envelope?.payload?.parent_execution_id;
+    let id;
+    if (parent) {
+      // A nested run (a routed capability's inner agent) belongs to its parent's run.
+      id = roots.get(parent) ?? parent;
+      if (record.envelope.execution_id) roots.set(record.envelope.execution_id, id);
+    } else {
+      id = record.envelope?.execution_id || current?.executionId || null;
+    }
     let run = byId.get(id);
     if (!run) {
       run = { executionId: id, records: [], view: null };
@@ -104,11 +114,39 @@ function stepNumberOf(payload, fallback) {
  * envelope. Each span: {id, kind: "step"|"model"|"tool"|"stage"|"capability", label,
  * step, depth, startMs, endMs (null while open), state, detail, parent}. Steps are at
  * depth 0; a step's model call, tools and routing stages at depth 1; in a routed step
- * the capability call holds the work it did (its stages after the call, depth 2).
+ * the capability call holds the work it did: the steps of the run nested under it (its
+ * inner agent, records with payload.parent_tool_call_id; kind "step" with `nested`,
+ * depth 2 and below) and the stages after the call (depth 2).
  */
 export function waterfall(records) {
+  const { roots, totalMs } = build(records, null, "", null);
+  const ordered = [];
+  const walk = (span) => {
+    ordered.push(span);
+    for (const child of span.children ?? []) walk(child);
+  };
+  for (const step of roots) walk(step);
+  for (const span of ordered) {
+    if (span.startMs === null) span.startMs = 0;
+    if (span.endMs === null) span.openEnd = true;
+  }
+  return { spans: ordered, totalMs };
+}
+
+/** Move a span and its children `by` levels deeper. */
+function deepen(span, by) {
+  span.depth += by;
+  for (const child of span.children ?? []) deepen(child, by);
+}
+
+/**
+ * The step spans of `records`: run `own` (null: the top-level run) and the runs nested
+ * in it, offsets from `origin0` when given.
+ */
+function build(records, origin0, prefix, own) {
   const spans = [];
-  let origin = null;
+  let origin = origin0;
+  const nested = new Map(); // parent tool_call_id -> the records of runs nested under it
   const steps = new Map(); // step number -> step span
   const open = new Map(); // tool_call_id -> span
   const models = new Map(); // step number -> model span
@@ -119,7 +157,7 @@ export function waterfall(records) {
   const stepSpan = (number, at) => {
     let span = steps.get(number);
     if (!span) {
-      span = { id: `step-${number}`, kind: "step", label: `Step ${number}`, step: number, depth: 0,
+      span = { id: `${prefix}step-${number}`, kind: "step", label: `Step ${number}`, step: number, depth: 0,
         startMs: offset(at), endMs: null, state: "running", detail: "", parent: null, children: [] };
       steps.set(number, span);
       spans.push(span);
@@ -140,6 +178,12 @@ export function waterfall(records) {
     if (origin === null && at !== null) origin = at;
     if (at !== null) lastAt = at;
     const payload = envelope.payload || {};
+    if (payload.parent_tool_call_id && envelope.execution_id !== own) {
+      const list = nested.get(payload.parent_tool_call_id) ?? [];
+      list.push({ envelope });
+      nested.set(payload.parent_tool_call_id, list);
+      continue;
+    }
     switch (envelope.type) {
       case "agent.step.started": {
         const number = stepNumberOf(payload, currentStep);
@@ -147,7 +191,7 @@ export function waterfall(records) {
         const step = stepSpan(number, at);
         step.startMs = offset(at);
         if (payload.actor) step.detail = `actor ${payload.actor}`;
-        const model = { id: `model-${number}`, kind: "model", label: payload.actor ? `${payload.actor}` : "model call",
+        const model = { id: `${prefix}model-${number}`, kind: "model", label: payload.actor ? `${payload.actor}` : "model call",
           step: number, depth: 1, startMs: offset(at), endMs: null, state: "running", detail: "", parent: step };
         models.set(number, model);
         step.children.push(model);
@@ -160,7 +204,7 @@ export function waterfall(records) {
         const stage = STAGES.has(name);
         const capability = !stage && step.detail.startsWith("actor ") && step.detail.slice(6) === name;
         if (!stage) closeModel(number, at);
-        const span = { id: `tool-${payload.tool_call_id}`, kind: stage ? "stage" : capability ? "capability" : "tool",
+        const span = { id: `${prefix}tool-${payload.tool_call_id}`, kind: stage ? "stage" : capability ? "capability" : "tool",
           label: name, step: number, depth: 1, startMs: offset(at), endMs: null, state: "running",
           detail: payload.args_summary || "", parent: step, toolCallId: payload.tool_call_id, children: [] };
         if (capability) {
@@ -205,6 +249,20 @@ export function waterfall(records) {
         break;
     }
   }
+  // The runs nested under a call (a capability's inner agent): their steps, on the same
+  // time axis, under the call.
+  for (const [callId, inner] of nested) {
+    const call = open.get(callId);
+    if (!call) continue;
+    const execution = inner[0].envelope.execution_id;
+    const built = build(inner, origin, `${prefix}nested-${execution}-`, execution);
+    for (const step of built.roots) {
+      step.nested = execution;
+      step.parent = call;
+      deepen(step, call.depth + 1);
+      call.children.push(step);
+    }
+  }
   // In a routed step the continuation decider judges the capability's work: nest the
   // stages that come after the capability call under it.
   for (const step of steps.values()) {
@@ -218,18 +276,8 @@ export function waterfall(records) {
       capability.children.push(child);
     }
   }
-  const ordered = [];
-  const walk = (span) => {
-    ordered.push(span);
-    for (const child of span.children ?? []) walk(child);
-  };
-  for (const step of [...steps.values()].sort((a, b) => a.step - b.step)) walk(step);
   const totalMs = origin !== null && lastAt !== null ? lastAt - origin : 0;
-  for (const span of ordered) {
-    if (span.startMs === null) span.startMs = 0;
-    if (span.endMs === null) span.openEnd = true;
-  }
-  return { spans: ordered, totalMs };
+  return { roots: [...steps.values()].sort((a, b) => a.step - b.step), totalMs };
 }
 
 const RULES = {

@@ -45,10 +45,10 @@ async def read_run(client: Client, *, stop_after: int | None = None) -> list[Eve
         VALIDATOR.validate(envelope)
         assert envelope["type"] == message["event"]
         events.append((message["position"], envelope["type"], envelope["payload"]))
-        if envelope["type"] == "agent.status" and envelope["payload"]["status"] in (
-            "completed",
-            "failed",
-        ):
+        payload = envelope["payload"]
+        nested = payload.get("parent_execution_id") is not None  # a nested run's end
+        final = envelope["type"] == "agent.status" and payload["status"] in ("completed", "failed")
+        if final and not nested:
             break
     return events
 

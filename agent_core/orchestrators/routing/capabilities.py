@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,7 +19,18 @@ from agent_core.errors import ValidationError
 from agent_core.messages import Usage
 from agent_core.tools import Tool
 
-__all__ = ["Capability", "CapabilityRegistry", "CapabilityResult", "FunctionCapability"]
+__all__ = [
+    "CAPABILITY_CALL",
+    "Capability",
+    "CapabilityRegistry",
+    "CapabilityResult",
+    "FunctionCapability",
+]
+
+CAPABILITY_CALL: ContextVar[str | None] = ContextVar("capability_call", default=None)
+"""The id of the capability call being executed: the router sets it around
+``execute``, so a capability that runs an agent can publish that agent as a run nested
+under the call (:func:`agent_core.adapters.orchestration_broadcasting.nested_run_adapter`)."""
 
 
 class CapabilityResult(BaseModel):

@@ -52,6 +52,7 @@ from agent_core.orchestrators.orchestration_events import (
 )
 from agent_core.orchestrators.process import ProcessState
 from agent_core.orchestrators.routing.capabilities import (
+    CAPABILITY_CALL,
     Capability,
     CapabilityRegistry,
     CapabilityResult,
@@ -520,9 +521,11 @@ class CapabilityRouter(StepByStep[RoutingState, RoutingStep]):
         a result too, so the decider sees it, with the error the step records."""
         await context.tool_started(call)
         started = self.clock()
+        calling = CAPABILITY_CALL.set(call.id)
         try:
             result = await capability.execute(call.arguments)
         except Exception as exc:
+            CAPABILITY_CALL.reset(calling)
             message = AgentError.from_exception(exc).message
             duration = elapsed_ms(started, self.clock())
             await context.tool_result(call, False, message, duration, "")
@@ -530,6 +533,7 @@ class CapabilityRouter(StepByStep[RoutingState, RoutingStep]):
                 capability=call.name, output="", success=False, metadata={"error": message}
             )
             return failed, _capability_error(call, f"failed: {message}")
+        CAPABILITY_CALL.reset(calling)
         duration = elapsed_ms(started, self.clock())
         if result.success:
             await context.tool_result(call, True, None, duration, result.output)

@@ -9,6 +9,14 @@ export type ExecutionId = string
 export type ErrorMessage = (string | null)
 export type LastResponse = (string | null)
 /**
+ * Set on the envelopes of a nested run (a routed capability's inner agent): the execution id of the run it runs inside. Absent on a top-level run.
+ */
+export type ParentExecutionId = (string | null)
+/**
+ * With parent_execution_id: the parent's tool call the nested run serves.
+ */
+export type ParentToolCallId = (string | null)
+/**
  * Where the final slim snapshot can be fetched (set on completion).
  */
 export type StateUrl = (string | null)
@@ -31,6 +39,14 @@ export type ExecutionId1 = string
 export type Actor = (string | null)
 export type AvailableTools = string[]
 export type MessageCount = number
+/**
+ * Set on the envelopes of a nested run (a routed capability's inner agent): the execution id of the run it runs inside. Absent on a top-level run.
+ */
+export type ParentExecutionId1 = (string | null)
+/**
+ * With parent_execution_id: the parent's tool call the nested run serves.
+ */
+export type ParentToolCallId1 = (string | null)
 export type StepNumber = number
 export type SessionId1 = string
 /**
@@ -46,6 +62,14 @@ export type DurationMs = number
 export type Errors = number
 export type FinishReason = (string | null)
 export type HasToolCalls = boolean
+/**
+ * Set on the envelopes of a nested run (a routed capability's inner agent): the execution id of the run it runs inside. Absent on a top-level run.
+ */
+export type ParentExecutionId2 = (string | null)
+/**
+ * With parent_execution_id: the parent's tool call the nested run serves.
+ */
+export type ParentToolCallId2 = (string | null)
 export type StepNumber1 = number
 export type Id = string
 export type Name = string
@@ -64,6 +88,14 @@ export type ArgsSummary = string
 export type Arguments = ({
 [k: string]: unknown
 } | null)
+/**
+ * Set on the envelopes of a nested run (a routed capability's inner agent): the execution id of the run it runs inside. Absent on a top-level run.
+ */
+export type ParentExecutionId3 = (string | null)
+/**
+ * With parent_execution_id: the parent's tool call the nested run serves.
+ */
+export type ParentToolCallId3 = (string | null)
 export type StepNumber2 = (number | null)
 export type ToolCallId = string
 export type ToolName = string
@@ -76,6 +108,14 @@ export type Type3 = "agent.tool.started"
 export type ExecutionId4 = string
 export type DurationMs1 = number
 export type Error = (string | null)
+/**
+ * Set on the envelopes of a nested run (a routed capability's inner agent): the execution id of the run it runs inside. Absent on a top-level run.
+ */
+export type ParentExecutionId4 = (string | null)
+/**
+ * With parent_execution_id: the parent's tool call the nested run serves.
+ */
+export type ParentToolCallId4 = (string | null)
 export type ResultSummary = (string | null)
 export type StepNumber3 = (number | null)
 export type Success = boolean
@@ -91,6 +131,14 @@ export type ExecutionId5 = string
 export type Chunk = string
 export type ChunkIndex = number
 export type IsComplete = boolean
+/**
+ * Set on the envelopes of a nested run (a routed capability's inner agent): the execution id of the run it runs inside. Absent on a top-level run.
+ */
+export type ParentExecutionId5 = (string | null)
+/**
+ * With parent_execution_id: the parent's tool call the nested run serves.
+ */
+export type ParentToolCallId5 = (string | null)
 export type StepNumber4 = (number | null)
 export type TokensDelta = number
 export type SessionId5 = string
@@ -105,6 +153,14 @@ export type Decision = ("forbid" | "allow" | "request" | "stop")
 export type Reason = string
 export type StopReason2 = (string | null)
 export type Evaluations = ContinuationEvaluationPayload[]
+/**
+ * Set on the envelopes of a nested run (a routed capability's inner agent): the execution id of the run it runs inside. Absent on a top-level run.
+ */
+export type ParentExecutionId6 = (string | null)
+/**
+ * With parent_execution_id: the parent's tool call the nested run serves.
+ */
+export type ParentToolCallId6 = (string | null)
 export type ResolvedBy1 = string
 export type ShouldContinue1 = boolean
 export type StepNumber5 = number
@@ -129,6 +185,8 @@ type?: Type
 export interface StatusPayload {
 error_message?: ErrorMessage
 last_response?: LastResponse
+parent_execution_id?: ParentExecutionId
+parent_tool_call_id?: ParentToolCallId
 state_url?: StateUrl
 status: Status
 step_count?: StepCount
@@ -154,6 +212,8 @@ export interface StepStartedPayload {
 actor?: Actor
 available_tools?: AvailableTools
 message_count?: MessageCount
+parent_execution_id?: ParentExecutionId1
+parent_tool_call_id?: ParentToolCallId1
 step_number: StepNumber
 }
 export interface StepCompleted {
@@ -172,6 +232,8 @@ duration_ms: DurationMs
 errors?: Errors
 finish_reason?: FinishReason
 has_tool_calls: HasToolCalls
+parent_execution_id?: ParentExecutionId2
+parent_tool_call_id?: ParentToolCallId2
 step_number: StepNumber1
 tool_calls?: ToolCalls
 usage?: UsagePayload1
@@ -203,6 +265,8 @@ type?: Type3
 export interface ToolStartedPayload {
 args_summary?: ArgsSummary
 arguments?: Arguments
+parent_execution_id?: ParentExecutionId3
+parent_tool_call_id?: ParentToolCallId3
 step_number?: StepNumber2
 tool_call_id: ToolCallId
 tool_name: ToolName
@@ -220,6 +284,8 @@ type?: Type4
 export interface ToolCompletedPayload {
 duration_ms: DurationMs1
 error?: Error
+parent_execution_id?: ParentExecutionId4
+parent_tool_call_id?: ParentToolCallId4
 result_summary?: ResultSummary
 step_number?: StepNumber3
 success: Success
@@ -240,6 +306,8 @@ export interface StreamChunkPayload {
 chunk: Chunk
 chunk_index?: ChunkIndex
 is_complete?: IsComplete
+parent_execution_id?: ParentExecutionId5
+parent_tool_call_id?: ParentToolCallId5
 step_number?: StepNumber4
 tokens_delta?: TokensDelta
 }
@@ -255,6 +323,8 @@ type?: Type6
  */
 export interface ContinuationPayload {
 evaluations: Evaluations
+parent_execution_id?: ParentExecutionId6
+parent_tool_call_id?: ParentToolCallId6
 resolved_by: ResolvedBy1
 should_continue: ShouldContinue1
 step_number: StepNumber5

@@ -46,3 +46,24 @@ for (const name of names) {
     assert.equal(JSON.stringify(start), frozen); // the view given is not changed
   });
 }
+
+// A nested run (a routed capability's inner agent) stays out of its parent's steps,
+// status and usage, and is exposed as nested[<call>][<execution>].
+test("routed-nested: the inner run is nested under the capability's call", () => {
+  const fixture = JSON.parse(readFileSync(new URL("routed-nested.json", FOLDER), "utf8"));
+  const nested = (op) => Boolean(op.envelope.payload.parent_execution_id);
+  const fold = (ops) => ops.reduce((view, op) => reduceRun(view, op.envelope, op.position), createRunView(fixture.session_id));
+  const parent = fold(fixture.ops);
+  const own = fold(fixture.ops.filter((op) => !nested(op)));
+  const { nested: inner, position, ...rest } = parent;
+  const { position: _ownPosition, ...ownRest } = own;
+  assert.deepEqual(rest, ownRest);
+  assert.equal(position, fixture.ops.at(-1).position);
+  const [[call, runs]] = Object.entries(inner);
+  assert.equal(parent.steps[0].tools.find((tool) => tool.id === call).name, "weather_agent");
+  const [[execution, run]] = Object.entries(runs);
+  assert.notEqual(execution, parent.execution_id);
+  assert.equal(run.status, "completed");
+  assert.deepEqual(run.steps.flatMap((step) => step.tools.map((tool) => tool.name)), ["get_weather", "calculator"]);
+  assert.deepEqual(reconcile(parent, fixture.snapshot), []);
+});

@@ -251,12 +251,47 @@ const KNOWN = new Set([
     "agent.stream.chunk",
     "agent.continuation",
 ]);
+/** The run `executionId` among `run` and the runs nested in it (any depth). */
+function owner(run, executionId) {
+    if (run.execution_id === executionId)
+        return run;
+    for (const runs of Object.values(run.nested ?? {})) {
+        for (const child of Object.values(runs)) {
+            const found = owner(child, executionId);
+            if (found)
+                return found;
+        }
+    }
+    return null;
+}
+/**
+ * A nested run's envelope (a routed capability's inner agent): folded into its own
+ * RunView, kept as `nested[<parent tool call id>][<execution id>]` of the run it runs
+ * in, never into that run's steps, status or usage.
+ */
+function foldNested(run, envelope, payload) {
+    const target = owner(run, String(payload.parent_execution_id)) ?? run;
+    const call = String(payload.parent_tool_call_id ?? "");
+    const execution = String(envelope.execution_id ?? "");
+    target.nested ??= {};
+    const runs = (target.nested[call] ??= {});
+    const child = (runs[execution] ??= createRunView(envelope.session_id ?? null));
+    const { parent_execution_id: _parent, parent_tool_call_id: _call, ...inner } = payload;
+    fold(child, { ...envelope, payload: inner }, null);
+}
 /** Fold `envelope` into `run` in place; false when it leaves the run as it was. */
 function fold(run, envelope, position) {
     if (!envelope || typeof envelope !== "object" || !KNOWN.has(String(envelope.type)) || !envelope.payload)
         return false;
     if (isReplay(run.position, position))
         return false;
+    const payload = envelope.payload;
+    if (payload.parent_execution_id !== undefined && payload.parent_execution_id !== null) {
+        foldNested(run, envelope, payload);
+        if (position !== null)
+            run.position = position;
+        return true;
+    }
     const at = envelope.timestamp ?? null;
     if (run.started_at === null && at !== null)
         run.started_at = at;

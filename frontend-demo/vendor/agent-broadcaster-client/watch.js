@@ -67,6 +67,8 @@ class Watch {
         this.update({ view });
         if (envelope.type !== "agent.status" || !TERMINAL.has(envelope.payload.status))
             return;
+        if (envelope.payload.parent_execution_id != null)
+            return; // a nested run's end is not the run's
         // A run that ends within a replay ends once the resume answer came, so the answer
         // (recovered or not) is always reported.
         if (this.awaitingAnswer)

@@ -123,3 +123,30 @@ def test_duplicates_and_replays_fold_idempotently_by_position(
         start = data.draw(st.integers(0, cut - 1))
         ops[cut:cut] = ops[start:cut]
     assert replay(fixture, ops) == fixture["expected"]["view"]
+
+
+def test_a_nested_run_is_kept_out_of_its_parent_and_exposed_under_the_call() -> None:
+    """The routed run with its capability's inner agent nested: the parent's steps,
+    status and usage are what its own envelopes build (the nested ones taken out, the
+    view is the same but for ``nested`` and the position), the inner run is the view
+    of its envelopes under ``nested[<call>][<execution>]``, and the parent still
+    reconciles with the stored state (In sync)."""
+    fixture = FIXTURES["routed-nested"]
+    ops = fixture["ops"]
+    parent = fixture["expected"]["view"]
+    is_nested = [bool(op["envelope"]["payload"].get("parent_execution_id")) for op in ops]
+    assert 10 <= sum(is_nested) < len(ops)
+    own = replay(fixture, [op for op, n in zip(ops, is_nested, strict=True) if not n])
+    assert {k: v for k, v in parent.items() if k not in ("nested", "position")} == {
+        k: v for k, v in own.items() if k != "position"
+    }
+    assert parent["position"] == ops[-1]["position"]
+    [(call, runs)] = parent["nested"].items()
+    capability = next(t for t in parent["steps"][0]["tools"] if t["id"] == call)
+    assert capability["name"] == "weather_agent"
+    [(execution, inner)] = runs.items()
+    assert execution != parent["execution_id"]
+    assert inner["execution_id"] == execution
+    assert (inner["status"], len(inner["steps"])) == ("completed", 3)
+    assert [t["name"] for s in inner["steps"] for t in s["tools"]] == ["get_weather", "calculator"]
+    assert reconcile(parent, fixture["snapshot"]) == []

@@ -1,98 +1,123 @@
 """The sessions page and the run page in a real browser (Debian's chromium via
-playwright), served by a real demo server.
+playwright), on a real demo server and its real run index (``GET /api/sessions``,
+``/api/sessions/{id}/runs``, ``/api/sessions/{id}/trace``).
 
-The run index endpoints (GET /api/sessions, .../runs, .../trace) are not on this branch
-yet: the browser's requests for those three paths go to the STAND-IN in
-``index_standin.py``, a Starlette app on a real socket serving the contract from runs
-recorded from real servers (the golden runs). Everything else (pages, scripts, the
-client kit) comes from the real server. After the endpoints merge, record the runs on
-the real server and drop :func:`route_index`.
+The runs are real: started through ``POST /run`` on the demo server (an agent run, a
+routed run, a run failed by ``[fail:tool]`` at a low ``max_steps``, two runs on one
+session; a private session on a server with private sessions). The few tests that need
+a run of exact content (2,000 envelopes, hostile text, the golden run's timings) publish
+recorded envelopes through the signed HTTP API and store the run's state, which is how
+the real index records an outside agent's run (``recorded.py``). The list and run pages
+are also read on a Redis-backed server.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, expect
+from playwright.sync_api import Browser, BrowserContext, Page, Response, expect
 
-from tests.e2e.frontend.index_standin import (
-    IndexStandIn,
-    RecordedRun,
-    golden_records,
-    long_run,
-    renamed,
-    route_index,
-    split,
-)
+from tests.e2e.frontend.recorded import golden_records, long_run, publish_run, renamed, trace_of
 from tests.support.processes import ServerProcess
-from tests.support.threaded import served_in_thread
 
 pytestmark = pytest.mark.browser
 
 WAIT_MS = 20_000
-PRIVATE_SESSION = "s-private-4f1c"
-PRIVATE_TOKEN = "token-of-the-private-session"
+LISBON = "What is the weather in Lisbon?"
 
 
-def preview(snapshot: dict[str, Any] | None) -> str:
-    """The run's input, from its stored state (the envelopes do not carry it)."""
-    for message in (snapshot or {}).get("messages", []):
-        if message.get("role") == "user":
-            return str(message.get("content") or "")
-    return ""
+@dataclass(frozen=True)
+class Run:
+    """A run as the server's index has it: its summary and its trace's records."""
+
+    summary: dict[str, Any]
+    records: list[dict[str, Any]]
+
+    @property
+    def session_id(self) -> str:
+        return str(self.summary["session_id"])
+
+    @property
+    def execution_id(self) -> str:
+        return str(self.summary["execution_id"])
 
 
-def recorded(name: str) -> list[RecordedRun]:
-    records, snapshot = golden_records(name)
-    return [RecordedRun(run, input_preview=preview(snapshot)) for run in split(records)]
+def start_run(url: str, question: str, **options: Any) -> dict[str, Any]:
+    """Start a real run with ``POST /run`` (``wait``: answered when it ends)."""
+    response = httpx.post(f"{url}/run", json={"input": question, **options}, timeout=30)
+    assert response.status_code in (200, 202), response.text
+    return dict(response.json())
+
+
+def indexed(url: str, session_id: str, execution_id: str, **params: str) -> Run:
+    trace = trace_of(url, session_id, execution_id, **params)
+    return Run(trace["summary"], trace["envelopes"])
+
+
+def ran(url: str, question: str, **options: Any) -> Run:
+    """A real run to its end, as the index has it."""
+    answer = start_run(url, question, wait=True, **options)
+    assert answer["waited"] is True, answer
+    return indexed(url, answer["session_id"], answer["execution_id"])
+
+
+def listed(url: str, **params: str) -> list[dict[str, Any]]:
+    """Every run the list shows a stranger, newest first."""
+    answer = httpx.get(f"{url}/api/sessions", params={"limit": "200", **params}, timeout=10)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["next_cursor"] is None
+    return list(answer.json()["runs"])
 
 
 @pytest.fixture(scope="module")
 def demo() -> Iterator[ServerProcess]:
-    """One real demo server for the module (it serves the pages and the client kit)."""
-    server = ServerProcess(["--demo"]).start()
+    """One real demo server for the module: it serves the pages, the client kit, the
+    runs and their index (history long enough for a 2,000-envelope run)."""
+    server = ServerProcess(["--demo", "--history-size", "5000"]).start()
     yield server
     server.stop()
 
 
+@dataclass(frozen=True)
+class Runs:
+    completed: Run
+    failed: Run
+    routed: Run
+    first: Run  # the two runs of one session
+    second: Run
+    golden: Run  # the golden ``completed`` run, published as recorded (its timings)
+
+
 @pytest.fixture(scope="module")
-def standin_server() -> Iterator[tuple[IndexStandIn, str]]:
-    standin = IndexStandIn()
-    with served_in_thread(standin.app, "index stand-in") as port:
-        yield standin, f"http://127.0.0.1:{port}"
-
-
-@pytest.fixture
-def standin(standin_server: tuple[IndexStandIn, str]) -> IndexStandIn:
-    """The stand-in holding the golden runs, a session with two runs and a private one."""
-    standin, _ = standin_server
-    standin.runs = []
-    standin.requests.clear()
-    for name in ("completed", "failed-last-step", "routed", "second-run", "framework-langgraph"):
-        for run in recorded(name):
-            standin.add(run)
-    records, _ = golden_records("failed-last-step")
-    standin.add(
-        RecordedRun(
-            renamed(records, PRIVATE_SESSION),
-            input_preview="a private question",
-            private=True,
-            token=PRIVATE_TOKEN,
-        )
+def runs(demo: ServerProcess) -> Runs:
+    """Real runs on the demo server, and the golden run published as recorded."""
+    golden = publish_run(demo.url, golden_records("completed")[0], "What is the weather in Oslo?")
+    completed = ran(demo.url, LISBON)
+    failed = ran(demo.url, "[fail:tool] What is the weather in Porto?", max_steps=2)
+    routed = ran(demo.url, "What is the weather in Oslo? And 3*7?", mode="route")
+    first = ran(demo.url, f"[fail:model] {LISBON}", max_steps=2)
+    second = ran(demo.url, LISBON, session_id=first.session_id)
+    return Runs(
+        completed,
+        failed,
+        routed,
+        first,
+        second,
+        Run(golden["summary"], golden["envelopes"]),
     )
-    return standin
 
 
 @pytest.fixture
-def context(browser: Browser, standin_server: tuple[IndexStandIn, str]) -> Iterator[BrowserContext]:
+def context(browser: Browser) -> Iterator[BrowserContext]:
     context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
-    route_index(context, standin_server[1])
     yield context
     context.close()
 
@@ -104,6 +129,21 @@ def page(context: BrowserContext) -> Iterator[Page]:
     page.on("pageerror", lambda error: errors.append(str(error)))
     yield page
     assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+def answers(page: Page) -> list[tuple[str, int]]:
+    """The (path?query, status) of every index request the page makes from now on, as
+    the browser received the answers."""
+    seen: list[tuple[str, int]] = []
+
+    def note(response: Response) -> None:
+        path = response.url.split("://", 1)[-1]
+        path = "/" + path.split("/", 1)[1] if "/" in path else "/"
+        if path.startswith("/api/sessions"):
+            seen.append((path, response.status))
+
+    page.on("response", note)
+    return seen
 
 
 def screenshot(page: Page, folder: Path, name: str) -> None:
@@ -133,30 +173,28 @@ def open_run(
     )
 
 
-def run_of(standin: IndexStandIn, name: str, index: int = 0) -> RecordedRun:
-    session = golden_records(name)[0][0]["envelope"]["session_id"]
-    return [run for run in standin.runs if run.session_id == session][index]
-
-
 # --- the sessions page ---------------------------------------------------------------------
 
 
 def test_the_sessions_page_lists_runs_newest_first_with_badges_duration_and_tokens(
-    page: Page, demo: ServerProcess, standin: IndexStandIn, artifacts: Path
+    page: Page, demo: ServerProcess, runs: Runs, artifacts: Path
 ) -> None:
     open_sessions(page, demo)
-    public = [run.summary for run in standin.runs if not run.private]
+    public = listed(demo.url)
+    assert len(public) >= 6
     expect(rows(page)).to_have_count(len(public), timeout=WAIT_MS)
-    newest = sorted(public, key=lambda s: s["started_at"], reverse=True)
     executions = rows(page).evaluate_all("rows => rows.map(row => row.dataset.executionId)")
-    assert executions == [s["execution_id"] for s in newest]
-    failed = run_of(standin, "failed-last-step").summary
+    assert executions == [s["execution_id"] for s in public]
+    starts = [s["started_at"] for s in public]
+    assert starts == sorted(starts, reverse=True)
+    failed = runs.failed.summary
+    assert failed["status"] == "failed"
     row = page.locator(f'tr[data-execution-id="{failed["execution_id"]}"]')
     expect(row.locator(".badge")).to_have_text("failed")
     expect(row.locator(".badge")).to_have_attribute("data-status", "failed")
     cells = row.locator("td")
-    expect(cells.nth(3)).to_contain_text("[fail:model]")
-    expect(cells.nth(5)).to_have_text(re.compile(r"^\d+ ms$"))  # 10 ms of recorded run
+    expect(cells.nth(3)).to_contain_text("[fail:tool]")
+    expect(cells.nth(5)).to_have_text(re.compile(r"^\d+ ms$"))
     expect(cells.nth(6)).to_have_text(str(failed["steps"]))
     expect(cells.nth(8)).to_have_text(str(failed["tokens"]["total"]))
     expect(cells.nth(10)).to_have_text("ErrorPolicyCriterion")
@@ -164,83 +202,103 @@ def test_the_sessions_page_lists_runs_newest_first_with_badges_duration_and_toke
 
 
 def test_a_private_session_is_not_listed_and_its_run_page_is_refused_without_the_token(
-    page: Page, demo: ServerProcess, standin: IndexStandIn
+    page: Page,
 ) -> None:
-    open_sessions(page, demo)
-    expect(rows(page).first).to_be_visible(timeout=WAIT_MS)
-    expect(page.locator(f'tr[data-session-id="{PRIVATE_SESSION}"]')).to_have_count(0)
-    expect(page.locator("#sessions")).not_to_contain_text("a private question")
-    # Nor found by searching for it.
-    page.get_by_label("Search").fill(PRIVATE_SESSION)
-    page.get_by_role("button", name="Apply").click()
-    expect(page.locator("#list-empty")).to_be_visible(timeout=WAIT_MS)
-    # Its run page says it is refused; with the token (in the fragment) it opens.
-    page.goto(f"{demo.url}/demo/run.html?session={PRIVATE_SESSION}")
-    expect(page.get_by_role("alert")).to_contain_text("private", timeout=WAIT_MS)
-    expect(page.get_by_role("alert")).to_contain_text("403")
-    page.goto(f"{demo.url}/demo/run.html?session={PRIVATE_SESSION}#token={PRIVATE_TOKEN}")
-    page.reload()
-    expect(page.locator("#run-status")).to_have_text("failed", timeout=WAIT_MS)
-    assert any(
-        path.startswith(f"/api/sessions/{PRIVATE_SESSION}/runs") and status == 403
-        for path, status in standin.requests
-    )
+    """A demo server with private sessions: a real run on a private session (its token
+    from ``POST /run``) next to a public run an outside agent published."""
+    server = ServerProcess(["--demo"], env={"AGENT_DEMO_PRIVATE_SESSIONS": "true"}).start()
+    try:
+        records = renamed(golden_records("completed")[0], "s-public-neighbour")
+        publish_run(server.url, records, "a public question")
+        private = start_run(server.url, f"a private question: {LISBON}", wait=True)
+        session, token = private["session_id"], private["auth"]["token"]
+        assert private["channel"] == f"private-agent.{session}"
+        seen = answers(page)
+        open_sessions(page, server)
+        expect(rows(page)).to_have_count(1, timeout=WAIT_MS)
+        expect(rows(page).first).to_have_attribute("data-session-id", "s-public-neighbour")
+        expect(page.locator(f'tr[data-session-id="{session}"]')).to_have_count(0)
+        expect(page.locator("#sessions")).not_to_contain_text("a private question")
+        # Nor found by searching for it.
+        page.get_by_label("Search").fill(session)
+        page.get_by_role("button", name="Apply").click()
+        expect(page.locator("#list-empty")).to_be_visible(timeout=WAIT_MS)
+        # Its run page says it is refused; with the token (in the fragment) it opens.
+        page.goto(f"{server.url}/demo/run.html?session={session}")
+        expect(page.get_by_role("alert")).to_contain_text("private", timeout=WAIT_MS)
+        expect(page.get_by_role("alert")).to_contain_text("403")
+        page.goto(f"{server.url}/demo/run.html?session={session}#token={token}")
+        page.reload()
+        expect(page.locator("#run-status")).to_have_text("completed", timeout=WAIT_MS)
+        expect(page.locator("#execution-id")).to_have_text(private["execution_id"])
+        assert any(
+            path.startswith(f"/api/sessions/{session}/runs") and status == 403
+            for path, status in seen
+        ), seen
+        assert any(
+            path.startswith(f"/api/sessions/{session}/runs") and status == 200
+            for path, status in seen
+        ), seen
+    finally:
+        server.stop()
 
 
 def test_the_filters_and_search_narrow_the_list_and_bad_input_is_reported(
-    page: Page, demo: ServerProcess, standin: IndexStandIn
+    page: Page, demo: ServerProcess, runs: Runs
 ) -> None:
+    seen = answers(page)
     open_sessions(page, demo)
     expect(rows(page).first).to_be_visible(timeout=WAIT_MS)
     page.get_by_label("Status").select_option("failed")
-    failed = [r.summary for r in standin.runs if r.summary["status"] == "failed" and not r.private]
+    failed = listed(demo.url, status="failed")
+    assert {s["execution_id"] for s in failed} >= {runs.failed.execution_id}
     expect(rows(page)).to_have_count(len(failed), timeout=WAIT_MS)
     for badge in page.locator("#sessions tbody .badge").all():
         expect(badge).to_have_text("failed")
     page.get_by_label("Status").select_option("")
     page.get_by_label("Resolved by").fill("ContinuationDecider")
     page.get_by_role("button", name="Apply").click()
-    routed = run_of(standin, "routed").summary
     expect(rows(page)).to_have_count(1, timeout=WAIT_MS)
-    expect(rows(page).first).to_have_attribute("data-execution-id", routed["execution_id"])
+    expect(rows(page).first).to_have_attribute("data-execution-id", runs.routed.execution_id)
     page.get_by_role("button", name="Clear").click()
-    page.get_by_label("Search").fill("FAIL:MODEL")
+    page.get_by_label("Search").fill("[FAIL:")
     page.get_by_role("button", name="Apply").click()
-    expect(rows(page)).to_have_count(3, timeout=WAIT_MS)  # failed-last-step, second-run x2
-    assert "q=FAIL%3AMODEL" in page.url
-    # A time range after every run leaves nothing; the stand-in answered the query.
+    expect(rows(page)).to_have_count(2, timeout=WAIT_MS)  # [fail:tool], [fail:model]
+    found = rows(page).evaluate_all("rows => rows.map(row => row.dataset.executionId)")
+    assert set(found) == {runs.failed.execution_id, runs.first.execution_id}
+    assert "q=%5BFAIL%3A" in page.url
+    # A time range after every run leaves nothing; the server answered the query.
     page.get_by_label("From").fill("2099-01-01T00:00:00")
     page.get_by_role("button", name="Apply").click()
     expect(page.locator("#list-empty")).to_be_visible(timeout=WAIT_MS)
-    assert any("from=" in path for path, _ in standin.requests)
+    assert any("from=" in path and status == 200 for path, status in seen), seen
     # A 400 from the server is shown with its message.
     page.goto(f"{demo.url}/demo/sessions.html?status=bogus")
     expect(page.locator("#list-error")).to_contain_text("status must be one of", timeout=WAIT_MS)
 
 
 def test_the_list_updates_live_as_a_run_starts_and_ends_and_idle_polls_are_304(
-    page: Page, demo: ServerProcess, standin: IndexStandIn
+    page: Page, demo: ServerProcess, runs: Runs
 ) -> None:
+    seen = answers(page)
     open_sessions(page, demo)
-    expect(rows(page)).to_have_count(len(standin.runs) - 1, timeout=WAIT_MS)
+    expect(rows(page)).to_have_count(len(listed(demo.url)), timeout=WAIT_MS)
     # An idle poll is answered 304 (If-None-Match with the ETag of the last answer).
     page.wait_for_function("window.sessionsPage.notModified >= 1", timeout=WAIT_MS)
-    records = renamed(golden_records("framework-pydantic-ai")[0], "s-started-later")
-    running = standin.add(RecordedRun(records[:3], input_preview="a new run, still going"))
-    row = page.locator('tr[data-session-id="s-started-later"]')
+    # A real run, paced to last a few polls (about 7 s: some 27 deltas, 250 ms apart).
+    started = start_run(demo.url, "What is the weather in Bergen?", pace_ms=250)
+    row = page.locator(f'tr[data-session-id="{started["session_id"]}"]')
     expect(row.locator(".badge")).to_have_text("running", timeout=WAIT_MS)
-    standin.replace(running, RecordedRun(records, input_preview="a new run, still going"))
     expect(row.locator(".badge")).to_have_text("completed", timeout=WAIT_MS)
     expect(row.locator("td").nth(6)).not_to_have_text("0")
+    expect(row.locator(".preview")).to_have_text("What is the weather in Bergen?")
     # The poll went on sending the ETag it got.
-    assert any(status == 304 for _, status in standin.requests)
+    assert any(status == 304 for _, status in seen), seen
 
 
-def test_a_row_opens_the_run_page_of_that_run(
-    page: Page, demo: ServerProcess, standin: IndexStandIn
-) -> None:
+def test_a_row_opens_the_run_page_of_that_run(page: Page, demo: ServerProcess, runs: Runs) -> None:
     open_sessions(page, demo)
-    routed = run_of(standin, "routed").summary
+    routed = runs.routed.summary
     page.locator(f'tr[data-execution-id="{routed["execution_id"]}"] td').nth(3).click()
     expect(page).to_have_url(re.compile(r"/demo/run\.html\?session=.*execution="), timeout=WAIT_MS)
     expect(page.locator("#execution-id")).to_have_text(routed["execution_id"], timeout=WAIT_MS)
@@ -251,19 +309,21 @@ def test_a_row_opens_the_run_page_of_that_run(
 
 
 def test_two_runs_on_one_session_are_shown_apart_each_with_its_own_totals(
-    page: Page, demo: ServerProcess, standin: IndexStandIn
+    page: Page, demo: ServerProcess, runs: Runs
 ) -> None:
-    first, second = run_of(standin, "second-run", 0), run_of(standin, "second-run", 1)
+    first, second = runs.first, runs.second
+    assert (first.summary["steps"], second.summary["steps"]) == (2, 3)
     open_run(page, demo, first.session_id)
     items = page.locator("#run-list > li")
     expect(items).to_have_count(2)
     expect(items.nth(0)).to_contain_text("failed")
-    expect(items.nth(0)).to_contain_text(f"{first.summary['steps']} steps")
+    expect(items.nth(0)).to_contain_text("2 steps")
     expect(items.nth(1)).to_contain_text("completed")
-    expect(items.nth(1)).to_contain_text(f"{second.summary['steps']} steps")
-    # The run boundaries, as channel positions: 0f2d178a:1-11, then 12-28.
+    expect(items.nth(1)).to_contain_text("3 steps")
+    # The run boundaries, as channel positions: the first run's, then the second's.
     for item, run in ((items.nth(0), first), (items.nth(1), second)):
         bounds = f"positions {run.records[0]['position']} \u2013 {run.records[-1]['position']}"
+        assert run.summary["first_position"] == run.records[0]["position"]
         expect(item.locator(".run-positions")).to_have_text(bounds)
     # The latest run is shown: only its own steps (3, 4, 5) and totals.
     expect(page.locator("#execution-id")).to_have_text(second.execution_id)
@@ -285,9 +345,9 @@ def test_two_runs_on_one_session_are_shown_apart_each_with_its_own_totals(
 
 
 def test_the_waterfall_puts_steps_model_and_tool_calls_on_one_time_axis(
-    page: Page, demo: ServerProcess, standin: IndexStandIn, artifacts: Path
+    page: Page, demo: ServerProcess, runs: Runs, artifacts: Path
 ) -> None:
-    run = run_of(standin, "completed")
+    run = runs.golden  # recorded: its timings are known
     open_run(page, demo, run.session_id)
     waterfall = page.locator("#waterfall")
     kinds = waterfall.locator("li").evaluate_all("rows => rows.map(r => r.dataset.kind)")
@@ -306,9 +366,10 @@ def test_the_waterfall_puts_steps_model_and_tool_calls_on_one_time_axis(
 
 
 def test_a_routed_capabilitys_work_is_nested_under_its_call(
-    page: Page, demo: ServerProcess, standin: IndexStandIn, artifacts: Path
+    page: Page, demo: ServerProcess, runs: Runs, artifacts: Path
 ) -> None:
-    run = run_of(standin, "routed")
+    run = runs.routed
+    assert run.summary["capability"] == "weather_agent"
     open_run(page, demo, run.session_id)
     rows_ = page.locator("#waterfall li")
     found = rows_.evaluate_all(
@@ -319,17 +380,43 @@ def test_a_routed_capabilitys_work_is_nested_under_its_call(
         ["step", "0", "Step 1"],
         ["stage", "1", "intent_classifier"],
         ["capability", "1", "weather_agent"],
+        # The capability's inner agent, a run nested under the call: its own steps.
+        ["step", "2", "Step 1"],
+        ["model", "3", "model call"],
+        ["tool", "3", "get_weather"],
+        ["step", "2", "Step 2"],
+        ["model", "3", "model call"],
+        ["tool", "3", "calculator"],
+        ["step", "2", "Step 3"],
+        ["model", "3", "model call"],
         ["stage", "2", "continuation_decider"],
+        ["stage", "1", "session_memory"],  # after the step: the exchange remembered
     ], found
     capability = page.locator('#waterfall li[data-kind="capability"]')
     expect(capability.locator(".span-detail")).to_contain_text("In Oslo it is cloudy")
+    # The nested run is the inner agent's (its own execution id), not listed as a run.
+    inner = {e["envelope"]["execution_id"] for e in run.records} - {run.execution_id}
+    assert len(inner) == 1, inner
+    nested = page.locator(f'#waterfall li[data-kind="step"][data-nested="{inner.pop()}"]')
+    expect(nested).to_have_count(3)
+    expect(page.locator("#run-list > li")).to_have_count(1)
+    expect(page.locator("#run-steps")).to_have_text("1")  # the routed run's own step
+    assert run.summary["steps"] == 1
+    assert run.summary["tool_calls"] == 4  # classifier, capability, decider, memory
+    # In the inspector the inner agent's envelopes are in the step of the call they serve.
+    steps = page.locator("#filter-step option").evaluate_all("options => options.map(o => o.value)")
+    assert steps == ["", "1"], steps
+    page.locator("#filter-step").select_option("1")
+    own_status = [r for r in run.records if r["envelope"]["type"] == "agent.status"]
+    own_status = [r for r in own_status if "parent_execution_id" not in r["envelope"]["payload"]]
+    expect(page.locator("#inspector > li")).to_have_count(len(run.records) - len(own_status))
     screenshot(page, artifacts, "run-page-routed")
 
 
 def test_the_continuation_panel_says_who_forbade_requested_won_and_by_which_rule(
-    page: Page, demo: ServerProcess, standin: IndexStandIn
+    page: Page, demo: ServerProcess, runs: Runs
 ) -> None:
-    run = run_of(standin, "failed-last-step")
+    run = runs.failed
     open_run(page, demo, run.session_id)
     step1 = page.locator('#continuations article[data-step="1"]')
     expect(step1.locator(".why-forbade dd")).to_have_text("none")
@@ -345,10 +432,11 @@ def test_the_continuation_panel_says_who_forbade_requested_won_and_by_which_rule
 
 
 def test_the_inspector_shows_every_envelope_filters_expands_and_copies(
-    page: Page, context: BrowserContext, demo: ServerProcess, standin: IndexStandIn
+    page: Page, context: BrowserContext, demo: ServerProcess, runs: Runs
 ) -> None:
     context.grant_permissions(["clipboard-read", "clipboard-write"])
-    run = run_of(standin, "completed")
+    run = runs.completed
+    envelopes_of = [r["envelope"] for r in run.records]
     open_run(page, demo, run.session_id)
     envelopes = page.locator("#inspector > li")
     expect(envelopes).to_have_count(len(run.records))
@@ -356,30 +444,39 @@ def test_the_inspector_shows_every_envelope_filters_expands_and_copies(
     expect(first.locator(".envelope-position")).to_have_text(run.records[0]["position"])
     expect(first.locator(".envelope-type")).to_have_text("agent.status")
     page.locator("#filter-type").select_option("agent.tool.completed")
-    expect(envelopes).to_have_count(2)
+    expect(envelopes).to_have_count(2)  # the weather, then the calculator
     page.locator("#filter-type").select_option("")
     page.locator("#filter-step").select_option("3")
-    expect(envelopes).to_have_count(5)  # started, 2 chunks, continuation, completed
+    in_step3 = [e for e in envelopes_of if e["payload"].get("step_number") == 3]
+    assert in_step3[0]["type"] == "agent.step.started"
+    expect(envelopes).to_have_count(len(in_step3))
     page.locator("#filter-step").select_option("")
-    page.locator("#filter-tool").select_option("call_calc_1")
+    calculator = next(
+        e["payload"]["tool_call_id"]
+        for e in envelopes_of
+        if e["type"] == "agent.tool.started" and e["payload"]["tool_name"] == "calculator"
+    )
+    page.locator("#filter-tool").select_option(calculator)
     expect(envelopes).to_have_count(2)
     line = envelopes.first.locator(".envelope-line")
     line.click()
     expect(line).to_have_attribute("aria-expanded", "true")
     shown = json.loads(envelopes.first.locator("pre").inner_text())
-    started = next(
-        r for r in run.records if r["envelope"]["payload"].get("tool_call_id") == "call_calc_1"
-    )
-    assert shown == started["envelope"]
+    started = next(e for e in envelopes_of if e["payload"].get("tool_call_id") == calculator)
+    assert started["type"] == "agent.tool.started"
+    assert shown == started
     envelopes.first.get_by_role("button", name="Copy").click()
     expect(envelopes.first.get_by_role("button", name="Copied")).to_be_visible()
-    assert json.loads(page.evaluate("navigator.clipboard.readText()")) == started["envelope"]
+    assert json.loads(page.evaluate("navigator.clipboard.readText()")) == started
 
 
 def test_a_run_of_2000_envelopes_is_paginated_with_none_left_out(
-    page: Page, demo: ServerProcess, standin: IndexStandIn
+    page: Page, demo: ServerProcess, runs: Runs
 ) -> None:
-    run = standin.add(RecordedRun(long_run(2000, "s-long-inspector")))
+    trace = publish_run(demo.url, unique(long_run(2000, "s-long-inspector")), "a long run")
+    run = Run(trace["summary"], trace["envelopes"])
+    assert len(run.records) == 2000
+    assert trace["trimmed"] is False
     open_run(page, demo, run.session_id)
     expect(page.locator("#inspector-count")).to_have_text("2,000 envelopes")
     expect(page.locator("#inspector > li")).to_have_count(100)
@@ -403,13 +500,23 @@ def test_a_run_of_2000_envelopes_is_paginated_with_none_left_out(
     expect(page.locator('#waterfall li[data-kind="step"]')).to_have_count(run.summary["steps"])
 
 
+def unique(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records under an execution id of their own (published runs are made from the
+    golden run, whose id is the same)."""
+    execution = f"x-{uuid.uuid4().hex[:16]}"
+    return [
+        {"position": r["position"], "envelope": {**r["envelope"], "execution_id": execution}}
+        for r in records
+    ]
+
+
 def test_model_and_tool_text_is_shown_as_text_never_as_html(
-    page: Page, demo: ServerProcess, standin: IndexStandIn
+    page: Page, demo: ServerProcess, runs: Runs
 ) -> None:
     records, _ = golden_records("completed")
     hostile = '<img src=x onerror="window.__xss=1">'
     tampered = []
-    for record in renamed(records, "s-hostile"):
+    for record in unique(renamed(records, "s-hostile")):
         envelope = json.loads(json.dumps(record["envelope"]))
         payload = envelope["payload"]
         for key in ("chunk", "result_summary", "args_summary", "reason", "error_message"):
@@ -418,7 +525,7 @@ def test_model_and_tool_text_is_shown_as_text_never_as_html(
         for evaluation in payload.get("evaluations", []):
             evaluation["reason"] = hostile
         tampered.append({"position": record["position"], "envelope": envelope})
-    standin.add(RecordedRun(tampered, input_preview=hostile))
+    publish_run(demo.url, tampered, hostile)
     open_sessions(page, demo)
     expect(page.locator('tr[data-session-id="s-hostile"] .preview')).to_have_text(hostile)
     open_run(page, demo, "s-hostile")
@@ -431,9 +538,9 @@ def test_model_and_tool_text_is_shown_as_text_never_as_html(
 
 
 def test_two_runs_compared_side_by_side_with_the_first_divergence_highlighted(
-    page: Page, demo: ServerProcess, standin: IndexStandIn, artifacts: Path
+    page: Page, demo: ServerProcess, runs: Runs, artifacts: Path
 ) -> None:
-    first, second = run_of(standin, "second-run", 0), run_of(standin, "second-run", 1)
+    first, second = runs.first, runs.second
     open_run(page, demo, first.session_id, first.execution_id, f"&compare={second.execution_id}")
     table = page.locator("#compare")
     expect(table).to_be_visible()
@@ -466,9 +573,9 @@ def test_two_runs_compared_side_by_side_with_the_first_divergence_highlighted(
 
 
 def test_a_run_is_exported_as_json_and_otlp_from_the_trace_endpoint(
-    page: Page, demo: ServerProcess, standin: IndexStandIn
+    page: Page, demo: ServerProcess, runs: Runs
 ) -> None:
-    run = run_of(standin, "completed")
+    run = runs.completed
     open_run(page, demo, run.session_id)
     links = {}
     for name in ("JSON", "OTLP"):
@@ -496,13 +603,14 @@ def test_a_run_is_exported_as_json_and_otlp_from_the_trace_endpoint(
     (json_disposition, body), (otlp_disposition, otlp) = fetched
     assert json_disposition == f'attachment; filename="{session}-{execution}.json"'
     assert body["envelopes"] == run.records
+    assert [r["envelope"]["type"] for r in run.records][-1] == "agent.status"
     assert otlp_disposition == f'attachment; filename="{session}-{execution}.otlp.json"'
     spans = otlp["resourceSpans"][0]
     names = [span["name"] for scope in spans["scopeSpans"] for span in scope["spans"]]
     assert "execute_tool get_weather" in names, names
 
 
-# --- the run page following a session's channel (no index of it) -------------------------------
+# --- the run page following a session's channel ------------------------------------------------
 
 
 def post_run(url: str, question: str, session: str | None = None, pace: int = 40) -> str:
@@ -514,12 +622,13 @@ def post_run(url: str, question: str, session: str | None = None, pace: int = 40
     return str(response.json()["session_id"])
 
 
-def test_without_an_index_the_run_page_follows_the_channel_and_keeps_two_runs_apart(
-    page: Page, demo: ServerProcess, standin: IndexStandIn
+def test_following_the_channel_the_run_page_keeps_two_runs_apart(
+    page: Page, demo: ServerProcess
 ) -> None:
-    """Real runs on the real demo server, none in the index: the page reads the
-    session's channel (history, then live), splits the runs by execution id and shows
-    the second one as it starts, steps 4-6 apart from the first run's 1-3."""
+    """Real runs on the real demo server, read from the session's channel
+    (``source=live``: history, then live) rather than the index: the page splits the
+    runs by execution id and shows the second one as it starts, steps 4-6 apart from the
+    first run's 1-3."""
     session = post_run(demo.url, "What is the weather in Lisbon?")
     page.goto(f"{demo.url}/demo/run.html?session={session}&source=live")
     expect(page.locator("#source")).to_have_text("live from the channel", timeout=WAIT_MS)
@@ -556,9 +665,7 @@ def test_without_an_index_the_run_page_follows_the_channel_and_keeps_two_runs_ap
     assert "source=live" in page.url
 
 
-def test_the_live_page_links_to_its_sessions_runs(
-    page: Page, demo: ServerProcess, standin: IndexStandIn
-) -> None:
+def test_the_live_page_links_to_its_sessions_runs(page: Page, demo: ServerProcess) -> None:
     page.goto(f"{demo.url}/")
     expect(page.locator("body")).to_have_attribute("data-ready", "true", timeout=WAIT_MS)
     page.get_by_label("Ask the agent").fill("What is the weather in Lisbon?")
@@ -567,16 +674,19 @@ def test_the_live_page_links_to_its_sessions_runs(
     session = page.locator("#session-id").inner_text().strip()
     page.get_by_role("link", name="Runs of this session").click()
     expect(page).to_have_url(re.compile(rf"/demo/run\.html\?session={session}"))
-    # Not in the index (the stand-in answers 404): the page falls back to the channel.
-    expect(page.locator("#source")).to_be_visible(timeout=WAIT_MS)
+    # The run is in the index: the page reads it there (not from the channel).
+    (summary,) = httpx.get(f"{demo.url}/api/sessions/{session}/runs", timeout=10).json()["runs"]
+    expect(page.locator("#execution-id")).to_have_text(summary["execution_id"], timeout=WAIT_MS)
     expect(page.locator("#run-status")).to_have_text("completed", timeout=WAIT_MS)
+    expect(page.locator("#source")).to_be_hidden()
     expect(page.locator("#run-list > li")).to_have_count(1)
+    expect(page.locator("#run-steps")).to_have_text(str(summary["steps"]))
 
 
 def test_two_runs_of_different_sessions_ticked_on_the_list_are_compared(
-    page: Page, demo: ServerProcess, standin: IndexStandIn
+    page: Page, demo: ServerProcess, runs: Runs
 ) -> None:
-    completed, later = run_of(standin, "completed"), run_of(standin, "second-run", 1)
+    completed, later = runs.completed, runs.second  # the same question, alone and second
     open_sessions(page, demo)
     link = page.get_by_role("link", name="Compare the two selected runs")
     page.get_by_label(f"Compare {completed.execution_id}").check()
@@ -596,15 +706,51 @@ def test_two_runs_of_different_sessions_ticked_on_the_list_are_compared(
 
 
 def test_a_run_read_while_still_going_offers_to_follow_the_session_live(
-    page: Page, demo: ServerProcess, standin: IndexStandIn
+    page: Page, demo: ServerProcess, runs: Runs
 ) -> None:
-    records = renamed(golden_records("completed")[0], "s-still-going")
-    running = standin.add(RecordedRun(records[:6]))
-    open_run(page, demo, running.session_id)
+    going = start_run(demo.url, "What is the weather in Tromso?", pace_ms=400)
+    session, execution = going["session_id"], going["execution_id"]
+    open_run(page, demo, session)
+    expect(page.locator("#execution-id")).to_have_text(execution)
     expect(page.locator("#run-status")).to_have_text("in progress")
     expect(page.locator("#run-running")).to_be_visible()
     href = page.get_by_role("link", name="Follow the session live").get_attribute("href")
-    assert href == f"?session=s-still-going&execution={running.execution_id}&source=live"
+    assert href == f"?session={session}&execution={execution}&source=live"
     # A finished run does not offer it.
-    open_run(page, demo, run_of(standin, "completed").session_id)
+    open_run(page, demo, runs.completed.session_id)
     expect(page.locator("#run-running")).to_be_hidden()
+
+
+@pytest.mark.parametrize("backend", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
+def test_the_list_and_the_run_page_read_the_index_of_each_backend(
+    page: Page, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """A fresh demo server on the backend (memory, or a real Redis), two real runs on
+    one session: the list shows both, newest first; the run page shows them apart."""
+    args = ["--demo"]
+    if backend == "redis":
+        redis = request.getfixturevalue("redis_server")
+        args += ["--backend", redis.url, "--redis-prefix", f"t{uuid.uuid4().hex[:10]}"]
+    server = ServerProcess(args).start()
+    try:
+        first = ran(server.url, f"[fail:model] {LISBON}", max_steps=2)
+        second = ran(server.url, LISBON, session_id=first.session_id)
+        open_sessions(page, server)
+        expect(rows(page)).to_have_count(2, timeout=WAIT_MS)
+        executions = rows(page).evaluate_all("rows => rows.map(row => row.dataset.executionId)")
+        assert executions == [second.execution_id, first.execution_id]
+        expect(rows(page).nth(1).locator(".badge")).to_have_text("failed")
+        expect(rows(page).nth(0).locator("td").nth(6)).to_have_text("3")
+        rows(page).nth(0).locator("td").nth(3).click()
+        expect(page.locator("#execution-id")).to_have_text(second.execution_id, timeout=WAIT_MS)
+        items = page.locator("#run-list > li")
+        expect(items).to_have_count(2)
+        expect(page.locator("#run-status")).to_have_text("completed")
+        steps = page.locator('#waterfall li[data-kind="step"] .span-name')
+        expect(steps).to_have_text(["Step 3", "Step 4", "Step 5"])
+        expect(page.locator("#run-envelopes")).to_have_text(str(len(second.records)))
+        items.nth(0).get_by_role("button").click()
+        expect(page.locator("#run-status")).to_have_text("failed")
+        expect(steps).to_have_text(["Step 1", "Step 2"])
+    finally:
+        server.stop()

@@ -28,8 +28,11 @@ def demo() -> Iterator[ServerProcess]:
 
 
 async def follow(demo: ServerProcess, clients: Connect, **body: Any) -> tuple[dict, list[Event]]:
+    """The routed run and its own events (a capability's inner agent, a run nested
+    under its call, left out: see test_routed_runs)."""
     client = await clients(f"{demo.ws_url}/app/agent-key?protocol=7")
-    return await routed(demo.url, client, mode="route", **body)
+    run, channel = await routed(demo.url, client, mode="route", **body)
+    return run, [e for e in channel if "parent_execution_id" not in e[2]]
 
 
 async def state(demo: ServerProcess, url: str) -> dict[str, Any]:

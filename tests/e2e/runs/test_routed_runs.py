@@ -44,7 +44,10 @@ async def test_a_routed_run_shows_each_phase_in_order(
 ) -> None:
     server = server_factory("--demo")
     client = await clients(f"{server.ws_url}/app/agent-key?protocol=7")
-    run, events = await routed(server.url, client, mode="route", trace=True)
+    run, channel = await routed(server.url, client, mode="route", trace=True)
+    # The capability's inner agent is published as a run nested under its call.
+    events = [e for e in channel if "parent_execution_id" not in e[2]]
+    inner = [e for e in channel if "parent_execution_id" in e[2]]
 
     assert phases(events) == ROUTED_RUN
     assert events[0][2]["status"] == "in_progress"
@@ -60,6 +63,17 @@ async def test_a_routed_run_shows_each_phase_in_order(
     )
     call = tool(events, "agent.tool.started", "weather_agent")
     assert call["arguments"] == {"text": "What is the weather in Oslo?"}
+    assert {(p["parent_execution_id"], p["parent_tool_call_id"]) for _, _, p in inner} == {
+        (run["execution_id"], call["tool_call_id"])
+    }
+    assert phases(inner)[:2] == [("agent.status", None), ("agent.step.started", None)]
+    assert ("agent.tool.started", "get_weather") in phases(inner)
+    assert (inner[0][2]["status"], inner[-1][2]["status"]) == ("in_progress", "completed")
+    # Between the capability's call and its result, on the same channel.
+    order = [p for _, k, p in channel]
+    started_at = order.index(call)
+    completed_at = order.index(tool(events, "agent.tool.completed", "weather_agent"))
+    assert all(started_at < order.index(p) < completed_at for _, _, p in inner)
     decider = tool(events, "agent.tool.started", "continuation_decider")
     assert decider["arguments"]["session_id"] == run["session_id"]
     assert decider["arguments"]["duration_ms"] > 0

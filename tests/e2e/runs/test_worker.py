@@ -214,9 +214,14 @@ async def test_a_queued_routed_run_shows_its_phases(
 
     run = await start_run(web.url, trace=True)
     await subscribe(client, run["channel"], run["position"])
-    events = await read_run(client)
+    channel = await read_run(client)
+    # The capability's inner agent runs on the worker too: a run nested under its call.
+    events = [e for e in channel if "parent_execution_id" not in e[2]]
+    inner = [e[2] for e in channel if "parent_execution_id" in e[2]]
 
     assert phases(events) == ROUTED_RUN
+    assert len(inner) >= 10
+    assert {p["parent_execution_id"] for p in inner} == {run["execution_id"]}
     assert events[-1][2]["status"] == "completed"
     assert events[-1][2]["state_url"] == run["state_url"]
     async with httpx.AsyncClient() as http:

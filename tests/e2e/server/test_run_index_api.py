@@ -337,6 +337,96 @@ async def test_a_routed_run_is_listed_with_its_capability(start_server: StartSer
 
         await until(ended, "the routed run to end")
         [run] = (await http.get(path)).json()["runs"]
+        listed = (await http.get("/api/sessions")).json()["runs"]
+        params = {"execution_id": started["execution_id"]}
+        trace = (await http.get(f"{path[: -len('/runs')]}/trace", params=params)).json()
     assert run["status"] == "completed", run
     assert run["capability"]
     assert run["execution_id"] == started["execution_id"]
+    # The capability's inner agent is a run nested under its call: in the routed run's
+    # trace, not listed as a run of its own, not counted in the routed run's totals.
+    assert [r["execution_id"] for r in listed] == [started["execution_id"]]
+    nested = [
+        e["envelope"]
+        for e in trace["envelopes"]
+        if e["envelope"]["execution_id"] != started["execution_id"]
+    ]
+    assert len(nested) >= 10
+    assert {e["payload"]["parent_execution_id"] for e in nested} == {started["execution_id"]}
+    assert (run["steps"], run["tool_calls"]) == (1, 4)  # classifier, capability, decider, memory
+
+
+async def publish(node: Node, channel: str, execution_id: str, kind: str, **payload: Any) -> None:
+    data = {
+        "type": kind,
+        "session_id": channel.rpartition(".")[2],
+        "execution_id": execution_id,
+        "timestamp": "2026-01-16T10:05:00.000Z",
+        "payload": payload,
+    }
+    app = node.apps[0]
+    await node.backend.publish(Publication(app.id, channel, kind, json.dumps(data)))
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_a_sessions_second_run_is_listed_with_its_own_steps_and_tokens(
+    kind: str, start_server: StartServer, request: pytest.FixtureRequest
+) -> None:
+    """Step numbers go on across a session's runs and the final status carries the
+    session's step count and usage: the index counts each run's own steps and tokens
+    (as the client kit's reducer does). A run indexed from its stored state alone takes
+    its input preview from the state's first user message."""
+    live = await server_on(kind, start_server, request)
+    node = live.node
+    store = BackendStateStore(node.backend, node.apps[0].id)
+    channel = "agent.delta"
+    usage = {"prompt": 1, "completion": 1, "total": 2}
+    for execution_id, numbers in (("d1", (1, 2)), ("d2", (3, 4, 5))):
+        await store.runs.started(channel, execution_id, input_text="hi", started_at=next(CLOCK))
+        await publish(node, channel, execution_id, "agent.status", status="in_progress")
+        for number in numbers:
+            await publish(node, channel, execution_id, "agent.step.started", step_number=number)
+            await publish(
+                node,
+                channel,
+                execution_id,
+                "agent.step.completed",
+                step_number=number,
+                has_tool_calls=False,
+                duration_ms=1,
+                usage=usage,
+            )
+        session_total = {"prompt": numbers[-1], "completion": numbers[-1], "total": 2 * numbers[-1]}
+        await publish(
+            node,
+            channel,
+            execution_id,
+            "agent.status",
+            status="completed",
+            step_count=numbers[-1],
+            usage=session_total,
+        )
+        await store.runs.ended(channel, execution_id)
+    # An outside agent's run: published, then its state stored (no start record).
+    await publish(node, "agent.epsilon", "e1", "agent.status", status="in_progress")
+    await publish(node, "agent.epsilon", "e1", "agent.status", status="completed", step_count=0)
+    snapshot = {
+        "status": "completed",
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "What is the weather in Oslo?"},
+        ],
+        "metadata": {"execution_id": "e1"},
+    }
+    await store.save("agent.epsilon", json.dumps(snapshot).encode())
+
+    async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
+        runs = (await http.get("/api/sessions/delta/runs")).json()["runs"]
+        assert [(r["execution_id"], r["steps"]) for r in runs] == [("d1", 2), ("d2", 3)]
+        assert [r["tokens"] for r in runs] == [
+            {"input": 2, "output": 2, "total": 4},
+            {"input": 3, "output": 3, "total": 6},
+        ]
+        (outside,) = (await http.get("/api/sessions/epsilon/runs")).json()["runs"]
+        assert outside["input_preview"] == "What is the weather in Oslo?"
+        assert outside["status"] == "completed"
