@@ -610,17 +610,13 @@ class RedisStateStore:
         ttl: float = STATE_TTL,
     ) -> None:
         from broadcaster.backends._runs import RedisRunIndex
-        from broadcaster.backends.redis.layout import DEFAULT_PREFIX, channel_key
+        from broadcaster.backends.redis.layout import DEFAULT_PREFIX
 
         self._client = client
         self._app_id = app_id
         self._prefix = prefix or DEFAULT_PREFIX
         self._ttl = ttl
-        prefix = self._prefix
-        index = RedisRunIndex(
-            lambda: client, prefix, lambda app, channel: channel_key(prefix, app, channel, "stream")
-        )
-        self.runs = RunRecorder(index, app_id, ttl)
+        self.runs = RunRecorder(RedisRunIndex(lambda: client, self._prefix), app_id, ttl)
 
     async def save(self, channel: str, snapshot: bytes) -> None:
         from broadcaster.backends.redis.publish import store_value_via_redis

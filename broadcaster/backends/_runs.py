@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from broadcaster.backends.base import BackendUnavailable
 from broadcaster.backends.redis import scripts as _lua
+from broadcaster.backends.redis.layout import app_tag, channel_key
 from broadcaster.publication import Publication
 from broadcaster.run_index import RUN_INDEX_SIZE, SESSION_RUNS, IndexedRun, run_member
 
@@ -119,12 +120,12 @@ def _unavailable(action: str) -> Iterator[None]:
 
 
 class RedisRunIndex:
-    """The run index in Redis, for a server's backend or a worker's own client.
+    """The run index in Redis, for a server's backend or a worker's own client, in the
+    deployment's one key layout (:mod:`broadcaster.backends.redis.layout`).
 
     Args:
         client: returns the client (a backend replaces its client when it reconnects).
         prefix: the deployment's key prefix.
-        stream_key: the key of a channel's history stream ``(app_id, channel)``.
         size: runs kept per app.
     """
 
@@ -132,20 +133,22 @@ class RedisRunIndex:
         self,
         client: Callable[[], Redis | RedisCluster],
         prefix: str,
-        stream_key: Callable[[str, str], str],
         *,
         size: int = RUN_INDEX_SIZE,
     ) -> None:
         self._client = client
         self._prefix = prefix
-        self._stream_key = stream_key
         self._size = size
 
     def _app(self, app_id: str) -> str:
-        return f"{self._prefix}:{{{app_id}}}"
+        """``P:{A}``: what the index keys of app ``app_id`` start with."""
+        return app_tag(self._prefix, app_id)
 
     def _trace_key(self, app_id: str, channel: str, execution_id: str) -> str:
-        return f"{self._prefix}:{{{app_id}:{channel}}}:trace:{execution_id}"
+        return channel_key(self._prefix, app_id, channel, f"trace:{execution_id}")
+
+    def _stream_key(self, app_id: str, channel: str) -> str:
+        return channel_key(self._prefix, app_id, channel, "stream")
 
     async def put_run(
         self,

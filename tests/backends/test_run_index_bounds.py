@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from broadcaster.backends._runs import MemoryRunIndex, RedisRunIndex
-from broadcaster.backends.redis_cluster import channel_key, cluster_client
+from broadcaster.backends.redis_cluster import cluster_client
 from broadcaster.envelope import parse_envelope
 from broadcaster.publishers import RedisPublisher, RedisStateStore
 from broadcaster.run_index import RunIndex, run_member
@@ -39,12 +39,11 @@ async def small_index(request: pytest.FixtureRequest) -> AsyncIterator[RunIndex]
     if request.param == "redis":
         server: RedisServer = request.getfixturevalue("redis_server")
         client = Redis.from_url(server.url)
-        yield RedisRunIndex(lambda: client, prefix, lambda a, c: f"{prefix}:{a}:stream:{c}", size=3)
+        yield RedisRunIndex(lambda: client, prefix, size=3)
     else:
         cluster: ClusterTopology = request.getfixturevalue("redis_cluster")
         client = cluster_client(cluster.url)
-        stream = lambda a, c: channel_key(prefix, a, c, "stream")  # noqa: E731
-        yield RedisRunIndex(lambda: client, prefix, stream, size=3)
+        yield RedisRunIndex(lambda: client, prefix, size=3)
     await client.aclose()
 
 
@@ -108,7 +107,7 @@ async def test_a_workers_state_store_indexes_what_its_publisher_published(
             await publisher.broadcast("agent.w", parse_envelope({"type": kind, **data}))
         assert await publisher.flush(10)
         await store.runs.ended("agent.w", "e1")
-        index = RedisRunIndex(lambda: client, prefix, lambda a, c: "")
+        index = RedisRunIndex(lambda: client, prefix)
         summary = json.loads(await index.load_run(APP, "agent.w", "e1") or b"")
         trace = json.loads(await index.load_trace(APP, "agent.w", "e1") or b"")
     finally:

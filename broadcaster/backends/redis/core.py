@@ -201,11 +201,7 @@ class BackendCore:
         self._nodes_key = nodes_key(prefix)
         self._client: Redis = self._topology.client
         self._prober: Redis = self._topology.prober
-        self._runs = RedisRunIndex(
-            lambda: self._client,
-            prefix,
-            lambda app, channel: channel_key(prefix, app, channel, "stream"),
-        )
+        self._runs = RedisRunIndex(lambda: self._client, prefix)
         self._responsive = True  # False from a failed command until a PING answers
         self._refusing: str | None = None  # an error reply refusing writes, until one passes
         self._retry_now = asyncio.Event()  # cuts a reconnection's back-off short

@@ -14,6 +14,11 @@ one channel shares the hash tag ``{A:channel}`` and every key of one app the tag
     P:{A}:conn-counts          hash node -> its open connections of A (apps with a limit)
     P:{A}:conn-nodes           sorted set node -> deadline of those counts (Redis time)
     P:{A}:claim:<key>          a claim (lease), e.g. a session's run
+    P:{A}:run-index            sorted set "<channel>\\n<exec>" -> a run's start (ms)
+    P:{A}:run-summary:<member> a run's summary (JSON; member "<channel>\\n<exec>")
+    P:{A}:run-session:<ch>     sorted set exec -> start (ms): one session's runs
+    P:{A:<channel>}:trace:<exec>  a run's trace (JSON), in its channel's slot
+    P:{A}:runs                 the worker's run queue (agent_core.app.worker)
     P:{#nodes}                 sorted set node -> heartbeat deadline (Redis time, ms)
     P:A:value:<key>            a stored value (a session's final state), read alone
     P:probe:<node>             the readiness probe's short-lived write
@@ -36,6 +41,7 @@ __all__ = [
     "DEFAULT_PREFIX",
     "LAYOUT_VERSION",
     "app_key",
+    "app_tag",
     "channel_key",
     "claim_key",
     "control_channel",
@@ -63,12 +69,17 @@ def publication_channel(prefix: str, app_id: str, channel: str) -> str:
     return channel_key(prefix, app_id, channel, "pub")
 
 
+def app_tag(prefix: str, app_id: str) -> str:
+    """``P:{A}``, what every key in app ``app_id``'s slot starts with."""
+    return f"{prefix}:{{{app_id}}}"
+
+
 def app_key(prefix: str, app_id: str, kind: str, name: str | None = None) -> str:
     """A key of app ``app_id`` (``subs``, ``subs-nodes``, ``conn-counts``...), in the
     app's slot (tag ``{A}``)."""
     if name is None:
-        return f"{prefix}:{{{app_id}}}:{kind}"
-    return f"{prefix}:{{{app_id}}}:{kind}:{name}"
+        return f"{app_tag(prefix, app_id)}:{kind}"
+    return f"{app_tag(prefix, app_id)}:{kind}:{name}"
 
 
 def control_channel(prefix: str, app_id: str) -> str:
