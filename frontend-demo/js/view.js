@@ -4,6 +4,7 @@
 import { finalText, orderedSteps, stepText, TERMINAL, totals } from "./run-model.js";
 import { explainContinuation } from "./explain.js";
 import { renderRouting } from "./routing-view.js";
+import { describe } from "./trace.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -262,7 +263,7 @@ export class DashboardView {
   logEvent(envelope, position) {
     const log = $("event-log");
     const item = document.createElement("li");
-    const summary = summarize(envelope);
+    const summary = describe(envelope);
     item.append(code(position ?? "—"), " ", strong(envelope.type), summary ? ` ${summary}` : "");
     log.append(item);
     while (log.children.length > 300) log.firstElementChild.remove();
@@ -287,25 +288,6 @@ export class DashboardView {
     const element = $("form-error");
     show(element, Boolean(message));
     setText(element, message || "");
-  }
-}
-
-function summarize(envelope) {
-  const p = envelope.payload || {};
-  switch (envelope.type) {
-    case "agent.status":
-      return p.status;
-    case "agent.step.started":
-    case "agent.step.completed":
-    case "agent.continuation":
-      return `step ${p.step_number}`;
-    case "agent.tool.started":
-    case "agent.tool.completed":
-      return `${p.tool_name} ${p.tool_call_id}`;
-    case "agent.stream.chunk":
-      return `#${p.chunk_index} ${JSON.stringify(p.chunk)}`;
-    default:
-      return "";
   }
 }
 
