@@ -149,6 +149,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._address: str | None = None  # counted in slots while not None
         self._proxy: str | None = None  # the peer, when it is a trusted proxy
         self._head_timer: asyncio.TimerHandle | None = None
+        self._head_deadline: float | None = None  # while a request head is awaited
         self._in_head = False
         self._head_bytes = 0
         self._refused = False
@@ -223,7 +224,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._cancel_head_timer()
+        self._head_deadline = None  # the timer, if armed, finds nothing to do
         if self._proxy is not None and not self._admit_forwarded(self._proxy):
             return
         if not self._serve_natively():
@@ -237,10 +238,15 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._expect_head()
 
     def _expect_head(self) -> None:
-        self._cancel_head_timer()
-        self._head_timer = self.loop.call_later(self.header_timeout, self._head_overdue)
+        # One timer per connection, not one per request: a head that arrives clears the
+        # deadline and leaves the timer armed; when it fires, it moves to the deadline
+        # set since, if any.
+        self._head_deadline = deadline = self.loop.time() + self.header_timeout
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_at(deadline, self._head_overdue)
 
     def _cancel_head_timer(self) -> None:
+        self._head_deadline = None
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
@@ -251,6 +257,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _head_overdue(self) -> None:
         self._head_timer = None
+        deadline = self._head_deadline
+        if deadline is None:
+            return  # the head came; the end of its response sets the next deadline
+        if self.loop.time() < deadline:
+            self._head_timer = self.loop.call_at(deadline, self._head_overdue)
+            return
         if self._awaiting_head() and not self.transport.is_closing():
             log.debug(
                 "closing %s: no complete request head in %g s", self.client, self.header_timeout
@@ -427,6 +439,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _refuse(self, address: str) -> None:
         self._refused = True
+        self._cancel_head_timer()  # the timer closes the connection instead
         message = (
             f"too many connections from {address}: the limit is {self.slots.limit} open "
             "connections per client address (max_connections_per_ip); close some or "
