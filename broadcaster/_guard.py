@@ -409,8 +409,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._write_native(SERVER_ERROR, native.keep_alive, close=True)
 
     def _write_native(self, answer: Answer, keep_alive: bool, *, close: bool) -> None:
-        head = _DEFAULT_HEADERS.lines(self.server_state.default_headers)
-        self.transport.write(_response(head, answer, keep_alive))
+        headers = self.server_state.default_headers
+        self.transport.write(_DEFAULT_HEADERS.response(headers, answer, keep_alive))
         if close:
             self.transport.close()
         self.on_response_complete()
@@ -499,21 +499,40 @@ class _NativeCycle:
 
 class _DefaultHeaders:
     """The header lines of uvicorn's ``default_headers`` (``date``, ``server``), joined
-    once per list: uvicorn replaces the list when the date changes."""
+    once per list (uvicorn replaces the list when the date changes), and the whole
+    successful answers written with them, built once per list."""
 
-    __slots__ = ("_lines", "_source")
+    __slots__ = ("_answers", "_lines", "_source")
 
     def __init__(self) -> None:
         self._source: list[tuple[bytes, bytes]] | None = None
         self._lines = b""
+        self._answers: dict[tuple[Answer, bool], bytes] = {}
 
     def lines(self, headers: list[tuple[bytes, bytes]]) -> bytes:
         if headers is not self._source:
             self._lines = b"".join(name + b": " + value + b"\r\n" for name, value in headers)
             self._source = headers
+            self._answers.clear()
         return self._lines
 
+    def response(
+        self, headers: list[tuple[bytes, bytes]], answer: Answer, keep_alive: bool
+    ) -> bytes:
+        """:func:`_response` of ``answer`` after ``headers``."""
+        head = self.lines(headers)
+        if answer.status != 200:  # a refusal: its body names the request
+            return _response(head, answer, keep_alive)
+        key = (answer, keep_alive)
+        known = self._answers.get(key)
+        if known is None:
+            if len(self._answers) >= _MOST_ANSWERS:
+                self._answers.clear()
+            known = self._answers[key] = _response(head, answer, keep_alive)
+        return known
 
+
+_MOST_ANSWERS = 64  # successful answers kept per second (a few batch sizes, keep-alive)
 _DEFAULT_HEADERS = _DefaultHeaders()
 _STATUS_LINES = {
     int(status): f"HTTP/1.1 {int(status)} {status.phrase}\r\n".encode() for status in HTTPStatus

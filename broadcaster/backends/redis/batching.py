@@ -77,7 +77,9 @@ class Outbox(BackendCore):
                 published) or a command timed out (the publication may or may not have
                 gone out).
         """
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None or self._stopped:
+            loop = asyncio.get_running_loop()
         done: asyncio.Future[Position | None] = loop.create_future()
         try:
             self._check_ready()
