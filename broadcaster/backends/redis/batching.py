@@ -77,9 +77,7 @@ class Outbox(BackendCore):
                 published) or a command timed out (the publication may or may not have
                 gone out).
         """
-        loop = self._loop
-        if loop is None or self._stopped:
-            loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         done: asyncio.Future[Position | None] = loop.create_future()
         try:
             self._check_ready()
@@ -96,9 +94,15 @@ class Outbox(BackendCore):
             return  # the batch in flight sends the rest when it is answered
         batch, self._outbox = self._outbox, []
         self._publishing = True
-        task = asyncio.get_running_loop().create_task(self._publish_batch(batch))
+        task = self._running_loop().create_task(self._publish_batch(batch))
         self._sending.add(task)
         task.add_done_callback(self._batch_done)
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop: the one the backend started in while it runs, without
+        the getpid system call of ``asyncio.get_running_loop()`` (publish path)."""
+        loop = self._loop
+        return asyncio.get_running_loop() if loop is None or self._stopped else loop
 
     def _batch_done(self, task: asyncio.Task[None]) -> None:
         self._sending.discard(task)
@@ -139,7 +143,7 @@ class ConnectionBatches(Outbox):
     _packer: PublishPacker | None = None  # made at the first batch, with the options
 
     async def _publish_batch(self, batch: list[PendingPublication]) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         waits = self.wait_timeout if self.wait_replicas else 0.0
         self._batch_deadline = loop.time() + self.command_timeout + waits
         self._batch_expired = False

@@ -175,7 +175,7 @@ class ReplyReader(PubSubReader):
 
     def expect(self, count: int) -> asyncio.Future[list[Any]]:
         """A future of the next ``count`` replies (after those expected before)."""
-        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[list[Any]] = self.lost.get_loop().create_future()
         if self.lost.done():
             future.set_exception(RedisConnectionError(f"connection lost: {self.lost.result()}"))
         else:
