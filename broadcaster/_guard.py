@@ -150,6 +150,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._proxy: str | None = None  # the peer, when it is a trusted proxy
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_deadline: float | None = None  # while a request head is awaited
+        self._idle_deadline: float | None = None  # uvicorn's keep-alive, while idle
         self._in_head = False
         self._head_bytes = 0
         self._refused = False
@@ -233,36 +234,76 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         if self._proxy is not None:
             self._give_back()
-        super().on_response_complete()
+        # uvicorn's on_response_complete, with its keep-alive timeout as a deadline on
+        # the connection's one timer instead of a timer armed for every response.
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._idle_deadline = None
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        else:
+            self._idle_deadline = self.loop.time() + self.timeout_keep_alive
+            self._arm()
         if self._awaiting_head() and not self.transport.is_closing():
             self._expect_head()
 
+    def _unset_keepalive_if_required(self) -> None:
+        # uvicorn calls this on every read (and cancels a timer there).
+        self._idle_deadline = None
+
     def _expect_head(self) -> None:
-        # One timer per connection, not one per request: a head that arrives clears the
-        # deadline and leaves the timer armed; when it fires, it moves to the deadline
-        # set since, if any.
-        self._head_deadline = deadline = self.loop.time() + self.header_timeout
-        if self._head_timer is None:
-            self._head_timer = self.loop.call_at(deadline, self._head_overdue)
+        self._head_deadline = self.loop.time() + self.header_timeout
+        self._arm()
+
+    def _arm(self) -> None:
+        """Arm the connection's timer for its earliest deadline, unless it fires by then.
+
+        One timer per connection, not one per request: what ends a wait (bytes read,
+        a complete head) clears its deadline and leaves the timer armed; when it fires,
+        it moves to the earliest deadline set since, if any. (Each response sets later
+        deadlines than the ones before it, so the timer moves only when it fires, or
+        when the first keep-alive deadline comes before the first head's.)"""
+        deadlines = [d for d in (self._head_deadline, self._idle_deadline) if d is not None]
+        if not deadlines:
+            return
+        earliest = min(deadlines)
+        timer = self._head_timer
+        if timer is not None:
+            if timer.when() <= earliest:
+                return
+            timer.cancel()
+        self._head_timer = self.loop.call_at(earliest, self._overdue)
 
     def _cancel_head_timer(self) -> None:
-        self._head_deadline = None
+        self._head_deadline = self._idle_deadline = None
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+
+    def _overdue(self) -> None:
+        self._head_timer = None
+        now = self.loop.time()
+        idle = self._idle_deadline
+        if idle is not None and now >= idle:
+            # As uvicorn's timeout_keep_alive_handler: nothing came since the response.
+            self._idle_deadline = None
+            if not self.transport.is_closing():
+                self.transport.close()
+            return
+        head = self._head_deadline
+        if head is not None and now >= head:
+            self._head_deadline = None
+            self._head_overdue()
+        self._arm()
 
     def _awaiting_head(self) -> bool:
         idle = self.cycle is None or self.cycle.response_complete
         return idle and not self.pipeline and not self._upgraded
 
     def _head_overdue(self) -> None:
-        self._head_timer = None
-        deadline = self._head_deadline
-        if deadline is None:
-            return  # the head came; the end of its response sets the next deadline
-        if self.loop.time() < deadline:
-            self._head_timer = self.loop.call_at(deadline, self._head_overdue)
-            return
         if self._awaiting_head() and not self.transport.is_closing():
             log.debug(
                 "closing %s: no complete request head in %g s", self.client, self.header_timeout
