@@ -71,6 +71,12 @@ async def replies_on(
     return results
 
 
+_FEED = 4096
+"""Bytes of a large read fed to hiredis at a time: once it consumed 1 KB of its buffer,
+it moves the rest to the front after every reply, so a read of many publications fed
+whole (a node catching up under load) costs copying that grows with its square."""
+
+
 class PubSubReader(asyncio.Protocol):
     """Reads a pub/sub connection as an :class:`asyncio.Protocol`: each wake-up feeds the
     bytes that arrived to one hiredis reader and hands every complete reply to
@@ -120,15 +126,18 @@ class PubSubReader(asyncio.Protocol):
         parser = self._parser
         on_reply = self._on_reply
         on_message = self._on_message
+        size = len(data)
+        step = size if size <= 2 * _FEED else _FEED
         try:
-            parser.feed(data)
-            while (reply := parser.gets()) is not False:
-                if on_message is not None and type(reply) is list and reply[0] == b"message":
-                    on_message(reply[2])  # the hot path: a publication, one call
-                    continue
-                if isinstance(reply, hiredis.ReplyError):
-                    raise ResponseError(str(reply))
-                on_reply(reply)
+            for start in range(0, size, step):
+                parser.feed(data, start, min(step, size - start))
+                while (reply := parser.gets()) is not False:
+                    if on_message is not None and type(reply) is list and reply[0] == b"message":
+                        on_message(reply[2])  # the hot path: a publication, one call
+                        continue
+                    if isinstance(reply, hiredis.ReplyError):
+                        raise ResponseError(str(reply))
+                    on_reply(reply)
         except (hiredis.ProtocolError, ResponseError) as exc:
             self._fail(RedisConnectionError(f"unreadable pub/sub reply: {exc}"))
             return
