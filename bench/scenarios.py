@@ -56,7 +56,15 @@ from bench._redis import PrivateRedis
 from bench.profile import PYTHON_SERVERS, start_profiler, stop_profiler
 from bench.servers import APP, RunningServer, ServerSpec, start_server
 
-__all__ = ["FULL", "QUICK", "SCENARIOS", "Sizes", "run_scenario"]
+__all__ = [
+    "FULL",
+    "NODE_SCENARIOS",
+    "QUICK",
+    "SCENARIOS",
+    "SCENARIO_NAMES",
+    "Sizes",
+    "run_scenario",
+]
 
 LOADGEN = str(REPO / "bench" / "node" / "loadgen.js")
 HTTPLOAD = str(REPO / "bench" / "node" / "httpload.js")
@@ -85,6 +93,12 @@ class Sizes:
     http_workers: int = 8
     http_duration: float = 4.0
     http_batch: int = 10
+    # nodes / nodes-cluster (bench/nodes.py): connections over several server nodes
+    nodes_connections: int = 60_000
+    nodes: int = 4
+    nodes_loadgens: int = 4  # load generator processes (at least; each under the fd limit)
+    nodes_broadcasts: int = 5  # broadcasts on the shared channel
+    nodes_gap: float = 1.0  # seconds between broadcasts
 
 
 FULL = Sizes()
@@ -96,6 +110,9 @@ QUICK = Sizes(
     agents=(20, 40),
     agents_duration=2,
     http_duration=1.5,
+    nodes_connections=2000,
+    nodes_broadcasts=3,
+    nodes_gap=0.5,
 )
 
 
@@ -144,6 +161,10 @@ async def run_scenario(
     (which costs them some CPU: figures of a profiled run are not comparable)."""
     if not spec.takes_part(scenario):
         return None
+    if scenario in NODE_SCENARIOS:  # several nodes, their own Redis or Cluster
+        from bench.nodes import run_nodes
+
+        return await run_nodes(spec, scenario, sizes)
     redis = await PrivateRedis().start()
     try:
         server = await start_server(spec, redis.url)
@@ -799,6 +820,9 @@ SCENARIOS: dict[str, Callable[[Ctx], Awaitable[Result]]] = {
     "agents": agents,
     "http": http,
 }
+# Run by bench/nodes.py (it starts its own nodes and Redis or Redis Cluster).
+NODE_SCENARIOS = ("nodes", "nodes-cluster")
+SCENARIO_NAMES = (*SCENARIOS, *NODE_SCENARIOS)
 
 # Re-exported for callers that want to catch a failed child.
 __all__ += ["ChildFailed"]
