@@ -51,7 +51,7 @@ from bench._proc import REPO, Child, cpu_seconds, raise_fd_limit, rss_bytes
 from bench._redis import PrivateRedis
 from bench.agents import emitter_packet
 from bench.envelope import EVENT, envelope
-from bench.scenarios import Meter, Sizes, _close, _other, _per, _source_addresses
+from bench.scenarios import Meter, Sizes, _close, _next_address, _other, _per
 from bench.servers import APP, RunningServer, ServerSpec, start_server
 from broadcaster.backends.base import DEFAULT_REDIS_PREFIX
 
@@ -64,7 +64,7 @@ NODESGEN = str(REPO / "bench" / "node" / "nodesgen.js")
 SHARED = "nodes-shared"
 PRIVATE = "private-nodes-p"
 _SPARE_FDS = 256
-_HISTORY = {"history_size": 100, "history_ttl": 600.0}
+_HISTORY_SIZE, _HISTORY_TTL = 100, 600.0  # as the nodes keep it by default
 Result = dict[str, Any]
 
 COLUMNS: dict[str, list[tuple[str, str]]] = {
@@ -131,7 +131,11 @@ class Publish:
         ]
         if not isinstance(self.client, RedisCluster):
             await publish_many_via_redis(
-                self.client, DEFAULT_REDIS_PREFIX, publications, **_HISTORY
+                self.client,
+                DEFAULT_REDIS_PREFIX,
+                publications,
+                history_size=_HISTORY_SIZE,
+                history_ttl=_HISTORY_TTL,
             )
             return
         # As agent processes publish to Redis Cluster (bench/shards.py): the publish
@@ -142,8 +146,8 @@ class Publish:
             keys, args = publish_script_args(
                 DEFAULT_REDIS_PREFIX,
                 publication,
-                _HISTORY["history_size"],
-                _HISTORY["history_ttl"],
+                _HISTORY_SIZE,
+                _HISTORY_TTL,
                 86400,
                 sharded=True,
             )
@@ -216,55 +220,44 @@ async def _measure(
     pids = [s.pid for s in servers]
     procs = max(sizes.nodes_loadgens, math.ceil(n / per_node))
     sources = _source_addresses(n)
-    rss0 = sum(rss_bytes(p) for p in pids)
-    cpu0 = sum(cpu_seconds(p) for p in pids)
+    m: Result = {"asked": n, "nodes": n_nodes, "procs": procs, "sources": len(sources)}
+    m["fd_limit"] = fd_limit
+    m["rss"] = [sum(rss_bytes(p) for p in pids)]
+    m["cpu"] = [sum(cpu_seconds(p) for p in pids)]
     gens = await _start_gens(spec, servers, n, procs, sources)
     publish = await Publish(spec, backend.url, scenario == "nodes-cluster").start()
     try:
         readies = [g.ready_info for g in gens]  # type: ignore[attr-defined]
-        connect_seconds = max(r["connect_seconds"] for r in readies)
-        rss1 = sum(rss_bytes(p) for p in pids)
-        cpu1 = sum(cpu_seconds(p) for p in pids)
+        m["connect_seconds"] = max(r["connect_seconds"] for r in readies)
+        m["connected"] = connected = sum(r["connected"] for r in readies)
+        m["connect_errors"] = [e for r in readies for e in r["errors"]][:5]
+        m["rss"].append(sum(rss_bytes(p) for p in pids))
+        m["cpu"].append(sum(cpu_seconds(p) for p in pids))
         for gen in gens:
             gen.send({"cmd": "subscribe"})
         subscribed = await asyncio.gather(*(g.expect("subscribed", 600) for g in gens))
-        subscribe_failed = sum(s["failed"] for s in subscribed)
-        subscribe_seconds = max(s["seconds"] for s in subscribed)
-        rss2 = sum(rss_bytes(p) for p in pids)
-        cpu2 = sum(cpu_seconds(p) for p in pids)
+        m["subscribe_failed"] = sum(s["failed"] for s in subscribed)
+        m["subscribe_seconds"] = max(s["seconds"] for s in subscribed)
+        m["rss"].append(sum(rss_bytes(p) for p in pids))
+        m["cpu"].append(sum(cpu_seconds(p) for p in pids))
         await asyncio.sleep(1)  # the reference's room subscriptions are not awaited
-        named = {"server": pids, "loadgen": [g.pid for g in gens], "redis": redis_pids}
-        windows = await _broadcasts(gens, publish, n, sizes, named)
-        private = await _privates(gens, publish, n, named)
+        named: dict[str, Sequence[int]] = {
+            "server": pids,
+            "loadgen": [g.pid for g in gens],
+            "redis": redis_pids,
+        }
+        m["windows"] = await _broadcasts(gens, publish, connected, sizes, named)
+        m["private"] = await _privates(gens, publish, n, connected, named)
         for gen in gens:
             gen.send({"cmd": "stats", "broadcasts": sizes.nodes_broadcasts, "privates": True})
-        parts = await asyncio.gather(*(g.expect("stats", 120) for g in gens))
-        cuts = await _slow_consumer_cuts(spec, servers)
-        rss_end = sum(rss_bytes(p) for p in pids)
+        m["parts"] = await asyncio.gather(*(g.expect("stats", 120) for g in gens))
+        m["cuts"] = await _slow_consumer_cuts(spec, servers)
+        m["rss"].append(sum(rss_bytes(p) for p in pids))
     finally:
         await publish.aclose()
         await _close(gens)
-    warnings = _server_warnings(servers)
-    return _figures(
-        spec,
-        scenario,
-        sizes,
-        n,
-        n_nodes,
-        procs,
-        sources,
-        fd_limit,
-        connect_seconds,
-        subscribe_seconds,
-        subscribe_failed,
-        (rss0, rss1, rss2, rss_end),
-        (cpu0, cpu1, cpu2),
-        windows,
-        private,
-        parts,
-        cuts,
-        warnings,
-    )
+    m["warnings"] = _server_warnings(servers)
+    return _figures(spec, scenario, sizes, m)
 
 
 async def _start_gens(
@@ -292,11 +285,25 @@ async def _start_gens(
         await _close(gens)
         raise
     for gen, ready in zip(gens, readies, strict=True):
-        if ready["failed"]:
-            await _close(gens)
-            raise gen.failure(f"{ready['failed']} connections failed: {ready['errors'][:3]}")
         gen.ready_info = ready  # type: ignore[attr-defined]
+    if not sum(r["connected"] for r in readies):
+        await _close(gens)
+        raise gens[0].failure(f"no connection was made: {readies[0]['errors'][:3]}")
     return gens
+
+
+_PER_ADDRESS = 5_000
+
+
+def _source_addresses(n: int) -> list[str]:
+    """Fresh loopback source addresses (127.0.0.2, .3, ...; shared with ``idle``'s
+    counter), at most 5,000 connections each. A connection from a chosen address binds
+    its port before connecting, and Linux's ``bind()`` looks for a free port in the odd
+    half of the ephemeral range first (about 14,000 ports): the fuller that half, the
+    longer each search. With 14,000 connections per address, 60,000 connections came at
+    about 250/s, the load generators' time in the kernel."""
+    count = max(1, math.ceil(n / _PER_ADDRESS))
+    return [f"127.0.0.{2 + next(_next_address) % 250}" for _ in range(count)]
 
 
 def _received(gens: Sequence[Child]) -> int:
@@ -322,7 +329,7 @@ def _add(total: dict[str, float], part: dict[str, float]) -> None:
 
 
 async def _broadcasts(
-    gens: Sequence[Child], publish: Publish, n: int, sizes: Sizes, named: dict[str, list[int]]
+    gens: Sequence[Child], publish: Publish, n: int, sizes: Sizes, named: dict[str, Sequence[int]]
 ) -> Result:
     """Each broadcast, then wait until all ``n`` clients have it; the CPU and wall time
     of those windows, summed (the gaps between broadcasts are not counted)."""
@@ -344,12 +351,12 @@ async def _broadcasts(
 
 
 async def _privates(
-    gens: Sequence[Child], publish: Publish, n: int, named: dict[str, list[int]]
+    gens: Sequence[Child], publish: Publish, n: int, connected: int, named: dict[str, Sequence[int]]
 ) -> Result:
     """One publication on every private channel, in batches of 1,000: each must reach
     its one subscriber (the load generator checks the session in it)."""
     await asyncio.sleep(0.5)
-    expected = _received(gens) + n
+    expected = _received(gens) + connected
     meter = Meter(named)
     meter.start()
     for first in range(0, n, 1000):
@@ -422,28 +429,11 @@ def _latency(parts: Sequence[Result], broadcasts: int) -> tuple[Result | None, l
     return {"n": len(every), "p50": pick(0.5), "p99": pick(0.99), "max": pick(1.0)}, until_all
 
 
-def _figures(
-    spec: ServerSpec,
-    scenario: str,
-    sizes: Sizes,
-    n: int,
-    n_nodes: int,
-    procs: int,
-    sources: list[str],
-    fd_limit: int,
-    connect_seconds: float,
-    subscribe_seconds: float,
-    subscribe_failed: int,
-    rss: tuple[int, int, int, int],
-    cpu: tuple[float, float, float],
-    windows: Result,
-    private: Result,
-    parts: Sequence[Result],
-    cuts: int | None,
-    warnings: list[str],
-) -> Result:
-    rss0, rss1, rss2, rss_end = rss
-    cpu0, cpu1, cpu2 = cpu
+def _figures(spec: ServerSpec, scenario: str, sizes: Sizes, m: Result) -> Result:
+    rss0, rss1, rss2, rss_end = m["rss"]
+    cpu0, cpu1, cpu2 = m["cpu"]
+    n = m["connected"]
+    parts = m["parts"]
     broadcasts = sizes.nodes_broadcasts
     delivered = sum(p["shared_received"] for p in parts)
     latency, until_all = _latency(parts, broadcasts)
@@ -451,26 +441,28 @@ def _figures(
     for part in parts:
         for code, count in part["close_codes"].items():
             close_codes[code] = close_codes.get(code, 0) + count
-    b_cpu, b_wall = windows["cpu"], windows["wall"]
-    p_cpu, p_wall = private["cpu"], private["wall"]
+    b_cpu, b_wall = m["windows"]["cpu"], m["windows"]["wall"]
+    p_cpu, p_wall = m["private"]["cpu"], m["private"]["wall"]
     private_delivered = sum(p["private_received"] for p in parts)
     errors = [e for p in parts for e in p["errors"]][:5]
+    connect_seconds, subscribe_seconds = m["connect_seconds"], m["subscribe_seconds"]
     result: Result = {
         "server": spec.name,
         "scenario": scenario,
         "topology": "Redis Cluster, 3 primaries" if scenario == "nodes-cluster" else "one Redis",
-        "nodes": n_nodes,
+        "nodes": m["nodes"],
         "connections": n,
         "connections_wanted": sizes.nodes_connections,
-        "connections_per_node": math.ceil(n / n_nodes),
-        "loadgens": procs,
-        "source_addresses": len(sources),
-        "fd_limit": fd_limit,
+        "connect_failed": m["asked"] - n,
+        "connections_per_node": math.ceil(m["asked"] / m["nodes"]),
+        "loadgens": m["procs"],
+        "source_addresses": m["sources"],
+        "fd_limit": m["fd_limit"],
         "connect_seconds": round(connect_seconds, 2),
         "connect_per_s": round(n / connect_seconds) if connect_seconds else None,
         "subscribe_seconds": round(subscribe_seconds, 2),
         "subscribes_per_s": round(2 * n / subscribe_seconds) if subscribe_seconds else None,
-        "subscribe_failed": subscribe_failed,
+        "subscribe_failed": m["subscribe_failed"],
         "server_cpu_us_per_connect": _per(cpu1 - cpu0, n),
         "server_cpu_us_per_subscribe": _per(cpu2 - cpu1, 2 * n),
         "rss_mb_before": round(rss0 / 2**20, 1),
@@ -493,8 +485,9 @@ def _figures(
         "server_cpu_us_per_msg": _per(b_cpu.get("server", 0.0), delivered),
         "server_cpu_ms_per_broadcast": round(1000 * b_cpu.get("server", 0.0) / broadcasts, 1),
         "loadgen_cpu_us_per_msg": _per(b_cpu.get("loadgen", 0.0), delivered),
+        "redis_cpu_ms_per_broadcast": round(1000 * b_cpu.get("redis", 0.0) / broadcasts, 1),
         "other_cpu_pct": round(100 * _other(b_cpu) / b_wall, 1) if b_wall else None,
-        "private_published": n,
+        "private_published": m["asked"],
         "private_delivered": private_delivered,
         "private_lost": sum(p["private_lost"] for p in parts),
         "private_seconds": round(p_wall, 3),
@@ -502,12 +495,14 @@ def _figures(
         "unexpected_closes": sum(p["unexpected_closes"] for p in parts),
         "close_codes": close_codes,
         "closes_4100": close_codes.get("4100", 0),
-        "slow_consumer_cuts": cuts,
-        "server_log_lines": len(warnings),
+        "slow_consumer_cuts": m["cuts"],
+        "server_log_lines": len(m["warnings"]),
         "loadgen_loop_delay_ms": max(p["loop_delay_ms"]["max"] for p in parts),
     }
-    if warnings:
-        result["server_log"] = warnings[:5]
+    if m["warnings"]:
+        result["server_log"] = m["warnings"][:5]
+    if m["connect_errors"]:
+        result["connect_errors"] = m["connect_errors"]
     if errors:
         result["errors"] = errors
     return result
@@ -543,6 +538,7 @@ def targets(results: Sequence[Result]) -> list[Any]:
         )
         bad = (
             ours["connections"] < ours["connections_wanted"]
+            or ours["connect_failed"]
             or ours["subscribe_failed"]
             or ours["lost"]
             or ours["duplicates"]
@@ -552,7 +548,8 @@ def targets(results: Sequence[Result]) -> list[Any]:
         )
         latency = ours.get("latency_ms") or {}
         detail = (
-            f"{ours['connections']:,} connected, lost {ours['lost']}, "
+            f"{ours['connections']:,} connected ({ours['connect_failed']} failed), "
+            f"lost {ours['lost']}, "
             f"closes {ours['unexpected_closes']}, cuts {ours['slow_consumer_cuts']}; "
             f"broadcast p50/p99/max {latency.get('p50')}/{latency.get('p99')}/"
             f"{latency.get('max')} ms, {ours['server_cpu_us_per_msg']} us CPU/msg"

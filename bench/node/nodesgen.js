@@ -113,7 +113,10 @@ class Client {
         else note(err);
       });
       ws.on("close", (code) => {
-        if (!this.open) reject(new Error(`closed with ${code} before the handshake`));
+        if (!this.open) {
+          reject(new Error(`closed with ${code} before the handshake`));
+          return;
+        }
         if (!this.closing) {
           unexpectedCloses++;
           closeCodes[code] = (closeCodes[code] || 0) + 1;
@@ -250,6 +253,7 @@ function stats(broadcasts, privates) {
   let privateLost = 0;
   let shared = 0;
   for (const c of clients) {
+    if (!c.open) continue; // never connected: counted as failed connections
     for (let seq = 1; seq <= broadcasts; seq++) {
       if (c.got[seq]) shared++;
       else lost++;
@@ -305,7 +309,8 @@ async function main() {
     const cmd = JSON.parse(line);
     if (cmd.cmd === "subscribe") {
       const t0 = performance.now();
-      const failedSubs = await pool(clients, concurrency, (c) => c.subscribe());
+      const open = clients.filter((c) => c.open);
+      const failedSubs = await pool(open, concurrency, (c) => c.subscribe());
       out({ type: "subscribed", failed: failedSubs, seconds: (performance.now() - t0) / 1000 });
     } else if (cmd.cmd === "stats") {
       out(stats(cmd.broadcasts, cmd.privates));
