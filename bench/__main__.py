@@ -3,7 +3,7 @@ the references, in sequence, one JSON line per run, then tables and the targets.
 
 Examples::
 
-    scripts/bench                                  # everything (about 10 minutes)
+    scripts/bench                                  # everything (about 20 minutes)
     scripts/bench --quick                          # smaller and shorter (about 2 minutes)
     scripts/bench --scenarios fanout --servers broadcaster,websockets
     scripts/bench --scenarios fanout --clients 5 --messages 200   # the smoke test's run
