@@ -105,6 +105,10 @@ class Publish:
     async def start(self) -> Publish:
         if isinstance(self.client, RedisCluster):
             await self.client.initialize()
+            if self.spec.name == "broadcaster":
+                from broadcaster.backends.redis.scripts import PUBLISH
+
+                await self.client.script_load(PUBLISH.source)
         return self
 
     async def many(self, items: Sequence[tuple[str, str]]) -> None:
@@ -140,7 +144,6 @@ class Publish:
             return
         # As agent processes publish to Redis Cluster (bench/shards.py): the publish
         # script, pipelined per shard by redis-py.
-        await self.client.script_load(PUBLISH.source)
         pipe = self.client.pipeline()
         for publication in publications:
             keys, args = publish_script_args(
