@@ -19,6 +19,9 @@ one flat result dict (one JSON line of the report).
 * ``http``: signed ``POST /apps/{id}/events`` (single) and ``/batch_events`` (10 events)
   back to back from 8 workers; servers without the HTTP API are skipped. The bare-uvicorn
   reference gets the same requests and no subscriber (it delivers nothing).
+* ``nodes``, ``nodes-cluster`` (``bench/nodes.py``): 60,000 connections over 4 server
+  nodes on one Redis or a 3-primary Redis Cluster, a shared and a signed private channel
+  each; broadcasts timed per client. Our server and socket.io only.
 
 The primary figure is the server's CPU time (``/proc``: this one process) per delivered
 message over the measured window, from the first publication until the last delivery.
