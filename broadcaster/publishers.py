@@ -37,7 +37,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, Self, runtime_checkable
 from urllib.parse import quote, urlencode
 
 import httpx
@@ -130,7 +130,12 @@ class PublisherStats:
 
 
 class Publisher(Protocol):
-    """Puts envelopes on channels."""
+    """Puts envelopes on channels.
+
+    A publisher whose :meth:`broadcast` never waits (it only buffers) may say so with a
+    true ``never_waits`` attribute: the envelope adapter then flushes the streamed text
+    of all its sessions in one go (``agent_core.adapters.broadcasting``).
+    """
 
     stats: PublisherStats
 
@@ -149,6 +154,7 @@ class RecordingPublisher:
 
     records: list[tuple[str, Envelope]] = field(default_factory=list)
     stats: PublisherStats = field(default_factory=PublisherStats)
+    never_waits: ClassVar[bool] = True  # see Publisher
 
     async def broadcast(self, channel: str, envelope: Envelope) -> None:
         self.records.append((channel, envelope))
@@ -176,6 +182,8 @@ class BufferedPublisher(ABC):
         max_batch: how many buffered publications one send may carry.
         close_timeout: how long :meth:`aclose` keeps trying to deliver the buffer.
     """
+
+    never_waits: ClassVar[bool] = True  # broadcast() only buffers (see Publisher)
 
     def __init__(
         self, *, max_buffer: int = 10_000, max_batch: int = 10, close_timeout: float = 5.0
