@@ -67,7 +67,9 @@ class Usage(_Frozen):
         return cls(prompt=prompt, completion=completion, total=prompt + completion)
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(
+        # Sums of validated counts (>= 0): nothing to validate again, and the loop adds
+        # usages on every step.
+        return Usage.model_construct(
             prompt=self.prompt + other.prompt,
             completion=self.completion + other.completion,
             total=self.total + other.total,

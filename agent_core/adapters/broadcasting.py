@@ -243,6 +243,7 @@ class EnvelopeEmitter:
         self._chunk_bytes = 0  # text_size of the held text
         self._chunk_step: int | None = None
         self._chunk_index = 0
+        self._chunk_execution: str | None = None  # the ids of the first chunk were valid
         self._flusher: _SharedFlusher | None = None  # set while text waits for it
         self._timer_tasks: set[asyncio.Task[None]] = set()
 
@@ -422,15 +423,34 @@ class EnvelopeEmitter:
             self._chunk_step = None
 
     async def _publish_chunk(self, text: str, *, deltas: int, complete: bool) -> None:
-        payload = env.StreamChunkPayload(
-            chunk=text,
-            is_complete=complete,
-            tokens_delta=deltas,
-            chunk_index=self._chunk_index,
-            step_number=self._chunk_step or None,
-        )
+        index, step = self._chunk_index, self._chunk_step or None
+        ids = self._ids()
+        if index and ids["execution_id"] == self._chunk_execution:
+            # The first chunk was validated with these ids; the other fields are the
+            # adapter's own (text, counts >= 0, a step number >= 1): no validation per
+            # chunk, the hot path of a streaming model.
+            payload = env.StreamChunkPayload.model_construct(
+                chunk=text,
+                is_complete=complete,
+                tokens_delta=deltas,
+                chunk_index=index,
+                step_number=step,
+            )
+            envelope = env.StreamChunk.model_construct(
+                session_id=ids["session_id"], execution_id=ids["execution_id"], payload=payload
+            )
+        else:
+            payload = env.StreamChunkPayload(
+                chunk=text,
+                is_complete=complete,
+                tokens_delta=deltas,
+                chunk_index=index,
+                step_number=step,
+            )
+            envelope = env.StreamChunk(**ids, payload=payload)
+            self._chunk_execution = ids["execution_id"]
         self._chunk_index += 1
-        await self._publish(env.StreamChunk(**self._ids(), payload=payload))
+        await self._publish(envelope)
 
     # -- publishing -----------------------------------------------------------------------
 
@@ -480,10 +500,6 @@ class _SharedFlusher:
     up the others.
     """
 
-    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _SharedFlusher] = (
-        weakref.WeakKeyDictionary()
-    )
-
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._held: dict[EnvelopeEmitter, None] = {}  # in the order they began holding
@@ -494,15 +510,15 @@ class _SharedFlusher:
     @classmethod
     def of_running_loop(cls) -> _SharedFlusher:
         loop = asyncio.get_running_loop()
-        flusher = cls._by_loop.get(loop)
+        flusher = _FLUSHERS.get(loop)
         if flusher is None:
-            flusher = cls._by_loop[loop] = cls(loop)
+            flusher = _FLUSHERS[loop] = cls(loop)
         return flusher
 
     @classmethod
     def running(cls) -> asyncio.Task[None] | None:
         """The running loop's flush task, while one runs."""
-        flusher = cls._by_loop.get(asyncio.get_running_loop())
+        flusher = _FLUSHERS.get(asyncio.get_running_loop())
         return None if flusher is None else flusher._task
 
     def hold(self, emitter: EnvelopeEmitter, delay: float) -> None:
@@ -526,9 +542,9 @@ class _SharedFlusher:
         self._timer = None
         together: list[EnvelopeEmitter] = []
         for emitter in self._held:
-            emitter._flusher = None  # noqa: SLF001 - the emitter's partner
-            if emitter._lock.locked() or not _never_waits(emitter.publisher):  # noqa: SLF001
-                emitter._flush_alone()  # noqa: SLF001
+            emitter._flusher = None
+            if emitter._lock.locked() or not _never_waits(emitter.publisher):
+                emitter._flush_alone()
             else:
                 together.append(emitter)
         self._held = {}
@@ -544,7 +560,13 @@ class _SharedFlusher:
     @staticmethod
     async def _flush(emitters: list[EnvelopeEmitter]) -> None:
         for emitter in emitters:
-            await emitter._timer_flush()  # noqa: SLF001
+            await emitter._timer_flush()
+
+
+_FLUSHERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _SharedFlusher] = (
+    weakref.WeakKeyDictionary()
+)
+"""The shared flusher of each event loop."""
 
 
 def _never_waits(publisher: Publisher) -> bool:
