@@ -245,6 +245,7 @@ class EnvelopeEmitter:
         self._chunk_index = 0
         self._chunk_execution: str | None = None  # the ids of the first chunk were valid
         self._flusher: _SharedFlusher | None = None  # set while text waits for it
+        self._home: tuple[asyncio.AbstractEventLoop, _SharedFlusher] | None = None
         self._timer_tasks: set[asyncio.Task[None]] = set()
 
     async def on_event(self, event: ev.AgentEvent) -> None:
@@ -379,7 +380,10 @@ class EnvelopeEmitter:
             if event.is_complete or len(self._chunks) >= self.options.coalesce_deltas:
                 await self._flush_chunks(complete=event.is_complete)
             elif self._chunks and self._flusher is None:
-                self._flusher = _SharedFlusher.of_running_loop()
+                loop = asyncio.get_running_loop()
+                if self._home is None or self._home[0] is not loop:
+                    self._home = (loop, _SharedFlusher.of(loop))
+                self._flusher = self._home[1]
                 self._flusher.hold(self, self.options.coalesce_seconds)
 
     async def _hold(self, delta: str) -> None:
@@ -500,19 +504,20 @@ class _SharedFlusher:
     up the others.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    def __init__(self) -> None:
+        # No reference to its loop: the loop is the key of its entry in _FLUSHERS.
         self._held: dict[EnvelopeEmitter, None] = {}  # in the order they began holding
         self._timer: asyncio.TimerHandle | None = None
         self._due = 0.0
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
-    def of_running_loop(cls) -> _SharedFlusher:
-        loop = asyncio.get_running_loop()
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _SharedFlusher:
+        """``loop``'s flusher (emitters keep theirs: a weak-key lookup costs a weak
+        reference)."""
         flusher = _FLUSHERS.get(loop)
         if flusher is None:
-            flusher = _FLUSHERS[loop] = cls(loop)
+            flusher = _FLUSHERS[loop] = cls()
         return flusher
 
     @classmethod
@@ -524,12 +529,13 @@ class _SharedFlusher:
     def hold(self, emitter: EnvelopeEmitter, delay: float) -> None:
         """``emitter`` holds text that must be flushed within ``delay`` seconds."""
         self._held[emitter] = None
-        due = self._loop.time() + delay
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay
         if self._timer is None or due < self._due:
             if self._timer is not None:
                 self._timer.cancel()
             self._due = due
-            self._timer = self._loop.call_at(due, self._fire)
+            self._timer = loop.call_at(due, self._fire)
 
     def release(self, emitter: EnvelopeEmitter) -> None:
         """``emitter`` flushed its text itself."""
@@ -549,7 +555,7 @@ class _SharedFlusher:
                 together.append(emitter)
         self._held = {}
         if together:
-            task = self._loop.create_task(self._flush(together))
+            task = asyncio.get_running_loop().create_task(self._flush(together))
             self._task = task
             task.add_done_callback(self._done)
 
@@ -560,7 +566,12 @@ class _SharedFlusher:
     @staticmethod
     async def _flush(emitters: list[EnvelopeEmitter]) -> None:
         for emitter in emitters:
-            await emitter._timer_flush()
+            # Nothing here pauses (free locks, publishers that only buffer), but an
+            # emitter that got busy since the timer fired must not hold up the others.
+            if emitter._lock.locked():
+                emitter._flush_alone()
+            else:
+                await emitter._timer_flush()
 
 
 _FLUSHERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _SharedFlusher] = (
