@@ -67,9 +67,7 @@ class Usage(_Frozen):
         return cls(prompt=prompt, completion=completion, total=prompt + completion)
 
     def __add__(self, other: Usage) -> Usage:
-        # Sums of validated counts (>= 0): nothing to validate again, and the loop adds
-        # usages on every step.
-        return Usage.model_construct(
+        return Usage(
             prompt=self.prompt + other.prompt,
             completion=self.completion + other.completion,
             total=self.total + other.total,

@@ -5,8 +5,9 @@ Two kinds of publishing process, run one after the other in one bench run:
 
 * ``product``: the ``agents`` scenario's sessions (:mod:`bench.agents`: a real
   ``AgentBuilder`` loop, a ``ScriptedDriver`` paced at 20 chunks/s, the real
-  ``AgentEventAdapter`` and ``RedisPublisher``). It also records when (seconds after its
-  start) each envelope of its first session was given to the publisher, and what.
+  ``AgentEventAdapter`` and ``RedisPublisher``, with no counting wrapper in between).
+  The bench reads its first session's envelopes back from Redis afterwards: the
+  recording, each at its ``timestamp`` (when the adapter built it) after the start.
 * ``floor``: no product code at all. Each session replays that recording at the same
   offsets (staggered like the product's sessions), re-stamped with its own session id,
   execution id and the time of sending: envelope dict -> ``orjson`` -> the publish
@@ -20,8 +21,8 @@ Two kinds of publishing process, run one after the other in one bench run:
 Run as ``python -m bench.agentside '<json config>'`` (or ``@<file>``). Common config:
 ``{kind, redis_url, app_id, sessions: [ids], rate, duration}``; the floor also takes
 ``{prefix, script, recording: [[seconds, event, data], ...]}``. It prints ``{"type":
-"ready"}``, runs on ``{"cmd": "start"}`` and prints ``{"type": "done", "published":
-{channel: n}, "total", "seconds", "lag_ms"[, "recording"]}``.
+"ready"}``, runs on ``{"cmd": "start"}`` and prints ``{"type": "done", "total",
+"dropped", "seconds", "lag_ms"[, "sends", "start_wall"]}``.
 """
 
 from __future__ import annotations
@@ -50,46 +51,36 @@ def _out(obj: dict[str, Any]) -> None:
 
 
 async def _product(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The ``agents`` scenario's sessions (bench/agents.py), recording the first one."""
+    """The ``agents`` scenario's sessions (bench/agents.py) on a bare ``RedisPublisher``:
+    nothing of the bench's between the adapters and the publisher (the bench counts
+    what reached Redis, and reads the first session's envelopes back from its history)."""
     from redis.asyncio import Redis
 
-    from bench.agents import Counting, Session
-    from broadcaster.envelope import Envelope
+    from bench.agents import Session
     from broadcaster.publishers import RedisPublisher
-
-    recorded: list[list[Any]] = []
-    first = f"agent.{cfg['sessions'][0]}"
-    origin = [0.0]
-
-    class Recording(Counting):
-        async def broadcast(self, channel: str, envelope: Envelope) -> None:
-            if channel == first:
-                at = time.monotonic() - origin[0]
-                recorded.append([round(at, 6), envelope.type, envelope.to_json().decode()])
-            await super().broadcast(channel, envelope)
 
     client = Redis.from_url(cfg["redis_url"])
     await client.ping()
-    publisher = Recording(RedisPublisher(client, cfg["app_id"]))
+    publisher = RedisPublisher(client, cfg["app_id"])
     rate, duration = float(cfg["rate"]), float(cfg["duration"])
     sessions = [Session(publisher, s, rate, duration) for s in cfg["sessions"]]
 
     async def run() -> dict[str, Any]:
         began = time.monotonic()
         start = began + 0.05
-        origin[0] = start
+        start_wall = time.time() + (start - time.monotonic())
         n = len(sessions)
         lags = await asyncio.gather(*(s.run(start + i / n / rate) for i, s in enumerate(sessions)))
         await publisher.aclose()
         await client.aclose()
+        stats = publisher.stats
         return {
-            "published": dict(publisher.counts),
-            "total": sum(publisher.counts.values()),
-            "dropped": publisher.stats.dropped,
-            "sends": publisher.stats.sends,
+            "total": stats.published + stats.dropped,
+            "dropped": stats.dropped,
+            "sends": stats.sends,
             "seconds": time.monotonic() - began,
             "lag_ms": round(max(lags, default=0.0) * 1000, 2),
-            "recording": recorded,
+            "start_wall": start_wall,
         }
 
     return await _serve(run)
@@ -144,7 +135,6 @@ class Floor:
         self.protocol = protocol
         self.pending: list[bytes] = []
         self.sent = 0
-        self.counts: dict[str, int] = {}
         self.epoch = os.urandom(6).hex()  # a new channel's epoch (the script keeps one)
         self.loop = asyncio.get_running_loop()
 
@@ -161,7 +151,6 @@ class Floor:
         if not self.pending:
             self.loop.call_soon(self.write)
         self.pending.append(hiredis.pack_command(command))  # type: ignore[arg-type]
-        self.counts[channel] = self.counts.get(channel, 0) + 1
 
     def write(self) -> None:
         assert self.protocol.transport is not None
@@ -216,7 +205,6 @@ async def _floor(cfg: dict[str, Any]) -> dict[str, Any]:
         if protocol.error is not None:
             raise RuntimeError(f"Redis refused a publication: {protocol.error}")
         return {
-            "published": floor.counts,
             "total": floor.sent,
             "dropped": 0,
             "seconds": time.monotonic() - began,

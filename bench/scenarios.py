@@ -846,12 +846,9 @@ async def _agentside_half(
     finally:
         await _close(pubs)
         configs.cleanup()
-    published: dict[str, int] = {}
-    for done in dones:
-        published |= done["published"]
     total = sum(d["total"] for d in dones)
-    in_history = await _history_lens(ctx, list(published))
-    lost = sum(max(0, n - in_history.get(ch, 0)) for ch, n in published.items())
+    in_history = await _history_lens(ctx, [f"agent.{name}" for name in names])
+    lost = max(0, total - sum(in_history.values()))  # publications not in a history
     figures: Result = {
         "sessions": len(names),
         "publishing_procs": procs,
@@ -869,6 +866,29 @@ async def _agentside_half(
         "other_cpu_pct": round(100 * _other(cpu) / wall, 1),
     }
     return figures, list(dones)
+
+
+async def _recording(ctx: Ctx, channel: str, start: float) -> list[list[Any]]:
+    """``[seconds after start, event, data]`` of every publication in ``channel``'s
+    history: when (the envelope's ``timestamp``) and what the product's session sent."""
+    from redis.asyncio import Redis
+
+    from broadcaster.backends.base import DEFAULT_REDIS_PREFIX
+    from broadcaster.backends.redis import channel_key
+
+    client = Redis.from_url(ctx.redis.url)
+    try:
+        stream = channel_key(DEFAULT_REDIS_PREFIX, APP["id"], channel, "stream")
+        entries: list[Any] = await client.xrange(stream) or []
+    finally:
+        await client.aclose()
+    recording = []
+    for _, fields in entries:
+        frame = json.loads(bytes(fields[b"p"]).partition(b"\n")[2])
+        data = frame["data"]
+        stamp = datetime.fromisoformat(json.loads(data)["timestamp"].replace("Z", "+00:00"))
+        recording.append([round(stamp.timestamp() - start, 4), frame["event"], data])
+    return recording
 
 
 async def _history_lens(ctx: Ctx, channels: Sequence[str]) -> dict[str, int]:
@@ -897,8 +917,9 @@ async def agentside(ctx: Ctx) -> Result:
     from broadcaster.backends.redis import scripts
 
     n = ctx.sizes.agentside
-    product, dones = await _agentside_half(ctx, "product", [f"side-p-{i}" for i in range(n)], {})
-    recording = dones[0]["recording"]
+    names_p = [f"side-p-{i}" for i in range(n)]
+    product, dones = await _agentside_half(ctx, "product", names_p, {})
+    recording = await _recording(ctx, f"agent.{names_p[0]}", dones[0]["start_wall"])
     floor_cfg = {"prefix": DEFAULT_REDIS_PREFIX, "script": scripts.PUBLISH.source}
     floor, _ = await _agentside_half(
         ctx, "floor", [f"side-f-{i}" for i in range(n)], floor_cfg | {"recording": recording}

@@ -243,7 +243,6 @@ class EnvelopeEmitter:
         self._chunk_bytes = 0  # text_size of the held text
         self._chunk_step: int | None = None
         self._chunk_index = 0
-        self._chunk_execution: str | None = None  # the ids of the first chunk were valid
         self._flusher: _SharedFlusher | None = None  # set while text waits for it
         self._home: tuple[asyncio.AbstractEventLoop, _SharedFlusher] | None = None
         self._timer_tasks: set[asyncio.Task[None]] = set()
@@ -427,32 +426,14 @@ class EnvelopeEmitter:
             self._chunk_step = None
 
     async def _publish_chunk(self, text: str, *, deltas: int, complete: bool) -> None:
-        index, step = self._chunk_index, self._chunk_step or None
-        ids = self._ids()
-        if index and ids["execution_id"] == self._chunk_execution:
-            # The first chunk was validated with these ids; the other fields are the
-            # adapter's own (text, counts >= 0, a step number >= 1): no validation per
-            # chunk, the hot path of a streaming model.
-            payload = env.StreamChunkPayload.model_construct(
-                chunk=text,
-                is_complete=complete,
-                tokens_delta=deltas,
-                chunk_index=index,
-                step_number=step,
-            )
-            envelope = env.StreamChunk.model_construct(
-                session_id=ids["session_id"], execution_id=ids["execution_id"], payload=payload
-            )
-        else:
-            payload = env.StreamChunkPayload(
-                chunk=text,
-                is_complete=complete,
-                tokens_delta=deltas,
-                chunk_index=index,
-                step_number=step,
-            )
-            envelope = env.StreamChunk(**ids, payload=payload)
-            self._chunk_execution = ids["execution_id"]
+        payload = env.StreamChunkPayload(
+            chunk=text,
+            is_complete=complete,
+            tokens_delta=deltas,
+            chunk_index=self._chunk_index,
+            step_number=self._chunk_step or None,
+        )
+        envelope = env.StreamChunk(**self._ids(), payload=payload)
         self._chunk_index += 1
         await self._publish(envelope)
 
