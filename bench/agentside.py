@@ -222,12 +222,16 @@ async def _serve(run: Any) -> dict[str, Any]:
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     _out({"type": "ready"})
+    done: dict[str, Any] = {}
+    # After "done", wait for "close": the bench reads this process's CPU time first.
     while line := await reader.readline():
         cmd = json.loads(line) if line.strip() else {}
         if cmd.get("cmd") == "start":
-            done: dict[str, Any] = await run()
-            return done
-    raise RuntimeError("stdin closed before start")
+            done = {"type": "done"} | await run()
+            _out(done)
+        elif cmd.get("cmd") == "close":
+            break
+    return done
 
 
 def _loop_factory() -> Any:
@@ -251,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         side = _product if cfg["kind"] == "product" else _floor
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            _out({"type": "done"} | runner.run(side(cfg)))
+            runner.run(side(cfg))
     except Exception as exc:
         _out({"type": "fatal", "error": f"{type(exc).__name__}: {exc}"})
         raise SystemExit(1) from exc
