@@ -70,6 +70,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--agent-duration", type=float, help="seconds each agent session streams [5]"
     )
+    parser.add_argument(
+        "--agentside-sessions", type=int, help="sessions in 'agentside' (each side) [50]"
+    )
+    parser.add_argument(
+        "--agentside-duration", type=float, help="seconds each 'agentside' session streams [5]"
+    )
     parser.add_argument("--out", type=Path, help="results file [bench/results/<time>.json]")
     parser.add_argument(
         "--profile",
@@ -107,6 +113,8 @@ def _sizes(args: argparse.Namespace) -> Sizes:
         "window": args.window,
         "agents": args.agent_sessions,
         "agents_duration": args.agent_duration,
+        "agentside": args.agentside_sessions,
+        "agentside_duration": args.agentside_duration,
     }
     return dataclasses.replace(sizes, **{k: v for k, v in changes.items() if v is not None})
 
