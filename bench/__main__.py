@@ -73,6 +73,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         "--agent-duration", type=float, help="seconds each agent session streams [5]"
     )
     parser.add_argument(
+        "--agentside-sessions", type=int, help="sessions in 'agentside' (each side) [50]"
+    )
+    parser.add_argument(
+        "--agentside-duration", type=float, help="seconds each 'agentside' session streams [5]"
+    )
+    parser.add_argument(
         "--nodes-connections",
         type=int,
         help="connections over all nodes in 'nodes' and 'nodes-cluster' [60000]",
@@ -115,6 +121,8 @@ def _sizes(args: argparse.Namespace) -> Sizes:
         "window": args.window,
         "agents": args.agent_sessions,
         "agents_duration": args.agent_duration,
+        "agentside": args.agentside_sessions,
+        "agentside_duration": args.agentside_duration,
         "nodes_connections": args.nodes_connections,
         "nodes": args.nodes,
     }
