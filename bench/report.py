@@ -122,6 +122,15 @@ _LABELS["uvicorn"] = "bare uvicorn (ref)"
 _SHORT = {"websockets": "websockets", "socketio": "socket.io", "uvicorn": "uvicorn"}
 
 
+def _scenario_layout(scenario: str) -> tuple[list[tuple[str, str]], tuple[str, ...]]:
+    """A scenario's columns and references (those of bench/nodes.py live there)."""
+    from bench import nodes  # bench.nodes imports this module's Target (lazily)
+
+    if scenario in nodes.SCENARIOS:
+        return nodes.COLUMNS[scenario], nodes.REFS[scenario]
+    return _COLUMNS.get(scenario, []), _SCENARIO_REFS.get(scenario, REFS)
+
+
 def _label(server: str) -> str:
     return _LABELS.get(server, server)
 
@@ -141,9 +150,8 @@ def table(results: Sequence[Result]) -> str:
     out: list[str] = []
     scenarios = list(dict.fromkeys(r["scenario"] for r in results))
     for scenario in scenarios:
-        columns = _COLUMNS.get(scenario, [])
+        columns, refs = _scenario_layout(scenario)
         rows = [r for r in results if r["scenario"] == scenario]
-        refs = _SCENARIO_REFS.get(scenario, REFS)
         head = ["server", *(h for h, _ in columns), *(f"x {_SHORT[ref]}" for ref in refs)]
         body: list[list[str]] = []
         for r in rows:
@@ -249,6 +257,9 @@ def targets(results: Sequence[Result]) -> list[Target]:
         )
     )
     found += _agentside_targets(results)
+    from bench.nodes import targets as nodes_targets
+
+    found += nodes_targets(results)
     bad = [
         f"{r['server']}/{r['scenario']}: lost {r.get('lost')}, reordered {r.get('out_of_order')}"
         for r in results

@@ -25,6 +25,9 @@ one flat result dict (one JSON line of the report).
 * ``http``: signed ``POST /apps/{id}/events`` (single) and ``/batch_events`` (10 events)
   back to back from 8 workers; servers without the HTTP API are skipped. The bare-uvicorn
   reference gets the same requests and no subscriber (it delivers nothing).
+* ``nodes``, ``nodes-cluster`` (``bench/nodes.py``): 60,000 connections over 4 server
+  nodes on one Redis or a 3-primary Redis Cluster, a shared and a signed private channel
+  each; broadcasts timed per client. Our server and socket.io only.
 
 The primary figure is the server's CPU time (``/proc``: this one process) per delivered
 message over the measured window, from the first publication until the last delivery.
@@ -62,7 +65,15 @@ from bench._redis import PrivateRedis
 from bench.profile import PYTHON_SERVERS, start_profiler, stop_profiler
 from bench.servers import APP, RunningServer, ServerSpec, start_server
 
-__all__ = ["FULL", "QUICK", "SCENARIOS", "Sizes", "run_scenario"]
+__all__ = [
+    "FULL",
+    "NODE_SCENARIOS",
+    "QUICK",
+    "SCENARIOS",
+    "SCENARIO_NAMES",
+    "Sizes",
+    "run_scenario",
+]
 
 LOADGEN = str(REPO / "bench" / "node" / "loadgen.js")
 HTTPLOAD = str(REPO / "bench" / "node" / "httpload.js")
@@ -93,6 +104,12 @@ class Sizes:
     http_workers: int = 8
     http_duration: float = 4.0
     http_batch: int = 10
+    # nodes / nodes-cluster (bench/nodes.py): connections over several server nodes
+    nodes_connections: int = 60_000
+    nodes: int = 4
+    nodes_loadgens: int = 4  # load generator processes (at least; each under the fd limit)
+    nodes_broadcasts: int = 5  # broadcasts on the shared channel
+    nodes_gap: float = 1.0  # seconds between broadcasts
 
 
 FULL = Sizes()
@@ -106,6 +123,9 @@ QUICK = Sizes(
     agentside=50,
     agentside_duration=3,
     http_duration=1.5,
+    nodes_connections=2000,
+    nodes_broadcasts=3,
+    nodes_gap=0.5,
 )
 
 
@@ -154,6 +174,10 @@ async def run_scenario(
     (which costs them some CPU: figures of a profiled run are not comparable)."""
     if not spec.takes_part(scenario):
         return None
+    if scenario in NODE_SCENARIOS:  # several nodes, their own Redis or Cluster
+        from bench.nodes import run_nodes
+
+        return await run_nodes(spec, scenario, sizes)
     redis = await PrivateRedis().start()
     try:
         server = await start_server(spec, redis.url)
@@ -956,6 +980,9 @@ SCENARIOS: dict[str, Callable[[Ctx], Awaitable[Result]]] = {
     "http": http,
     "agentside": agentside,
 }
+# Run by bench/nodes.py (it starts its own nodes and Redis or Redis Cluster).
+NODE_SCENARIOS = ("nodes", "nodes-cluster")
+SCENARIO_NAMES = (*SCENARIOS, *NODE_SCENARIOS)
 
 # Re-exported for callers that want to catch a failed child.
 __all__ += ["ChildFailed"]
