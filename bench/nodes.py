@@ -51,7 +51,7 @@ from bench._proc import REPO, Child, cpu_seconds, raise_fd_limit, rss_bytes
 from bench._redis import PrivateRedis
 from bench.agents import emitter_packet
 from bench.envelope import EVENT, envelope
-from bench.scenarios import Meter, Sizes, _close, _next_address, _other, _per
+from bench.scenarios import Meter, Sizes, _close, _other, _per, _source_addresses
 from bench.servers import APP, RunningServer, ServerSpec, start_server
 from broadcaster.backends.base import DEFAULT_REDIS_PREFIX
 
@@ -293,20 +293,6 @@ async def _start_gens(
         await _close(gens)
         raise gens[0].failure(f"no connection was made: {readies[0]['errors'][:3]}")
     return gens
-
-
-_PER_ADDRESS = 5_000
-
-
-def _source_addresses(n: int) -> list[str]:
-    """Fresh loopback source addresses (127.0.0.2, .3, ...; shared with ``idle``'s
-    counter), at most 5,000 connections each. A connection from a chosen address binds
-    its port before connecting, and Linux's ``bind()`` looks for a free port in the odd
-    half of the ephemeral range first (about 14,000 ports): the fuller that half, the
-    longer each search. With 14,000 connections per address, 60,000 connections came at
-    about 250/s, the load generators' time in the kernel."""
-    count = max(1, math.ceil(n / _PER_ADDRESS))
-    return [f"127.0.0.{2 + next(_next_address) % 250}" for _ in range(count)]
 
 
 def _received(gens: Sequence[Child]) -> int:

@@ -542,7 +542,10 @@ async def idle(ctx: Ctx) -> Result:
 
 
 _SPARE_FDS = 256  # open files a server or load generator needs besides its connections
-_PORTS_PER_ADDRESS = 14_000  # half the usual ephemeral range (32768-60999)
+# bind() to port 0 searches one half of the ephemeral range first: past about 12,500
+# ports on one address each bind() took about 4 ms instead of 10-18 us (issue 33, part 3),
+# so connects stalled; 5,000 per address keeps every bind() fast.
+_PORTS_PER_ADDRESS = 5_000
 _next_address = itertools.count()
 
 
