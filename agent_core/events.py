@@ -257,7 +257,7 @@ class EventDispatcher:
 async def _deliver(listener: Listener, event: AgentEvent) -> None:
     try:
         result = listener(event)
-        if inspect.isawaitable(result):
+        if result is not None and inspect.isawaitable(result):
             await result
     except Exception:
         logger.exception("event listener %r failed on %s; the run goes on", listener, event.type)

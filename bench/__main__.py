@@ -3,11 +3,13 @@ the references, in sequence, one JSON line per run, then tables and the targets.
 
 Examples::
 
-    scripts/bench                                  # everything (about 10 minutes)
+    scripts/bench                                  # everything (about 20 minutes)
     scripts/bench --quick                          # smaller and shorter (about 2 minutes)
     scripts/bench --scenarios fanout --servers broadcaster,websockets
     scripts/bench --scenarios fanout --clients 5 --messages 200   # the smoke test's run
     scripts/bench --scenarios agents --agent-sessions 50,100 --servers broadcaster
+    scripts/bench --scenarios nodes,nodes-cluster --servers socketio,broadcaster \
+        --nodes-connections 60000 --nodes 4
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 from bench import report
 from bench._proc import REPO, ChildFailed, machine_busy_seconds, raise_fd_limit
 from bench.profile import summary
-from bench.scenarios import FULL, QUICK, SCENARIOS, Sizes, run_scenario
+from bench.scenarios import FULL, QUICK, SCENARIO_NAMES, Sizes, run_scenario
 from bench.servers import SERVERS
 
 RESULTS = REPO / "bench" / "results"
@@ -44,8 +46,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smaller, shorter scenarios")
     parser.add_argument(
         "--scenarios",
-        default=",".join(SCENARIOS),
-        help=f"comma-separated, from {','.join(SCENARIOS)} [all]",
+        default=",".join(SCENARIO_NAMES),
+        help=f"comma-separated, from {','.join(SCENARIO_NAMES)} [all]",
     )
     parser.add_argument(
         "--servers",
@@ -70,6 +72,18 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--agent-duration", type=float, help="seconds each agent session streams [5]"
     )
+    parser.add_argument(
+        "--agentside-sessions", type=int, help="sessions in 'agentside' (each side) [50]"
+    )
+    parser.add_argument(
+        "--agentside-duration", type=float, help="seconds each 'agentside' session streams [5]"
+    )
+    parser.add_argument(
+        "--nodes-connections",
+        type=int,
+        help="connections over all nodes in 'nodes' and 'nodes-cluster' [60000]",
+    )
+    parser.add_argument("--nodes", type=int, help="server nodes in 'nodes', 'nodes-cluster' [4]")
     parser.add_argument("--out", type=Path, help="results file [bench/results/<time>.json]")
     parser.add_argument(
         "--profile",
@@ -79,7 +93,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--no-save", action="store_true", help="do not write a results file")
     args = parser.parse_args(argv)
-    for name, known in (("scenarios", SCENARIOS), ("servers", SERVERS)):
+    for name, known in (("scenarios", SCENARIO_NAMES), ("servers", SERVERS)):
         chosen = [s for s in getattr(args, name).split(",") if s]
         unknown = [s for s in chosen if s not in known]
         if unknown or not chosen:
@@ -107,6 +121,10 @@ def _sizes(args: argparse.Namespace) -> Sizes:
         "window": args.window,
         "agents": args.agent_sessions,
         "agents_duration": args.agent_duration,
+        "agentside": args.agentside_sessions,
+        "agentside_duration": args.agentside_duration,
+        "nodes_connections": args.nodes_connections,
+        "nodes": args.nodes,
     }
     return dataclasses.replace(sizes, **{k: v for k, v in changes.items() if v is not None})
 

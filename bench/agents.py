@@ -119,6 +119,7 @@ class Counting:
     def __init__(self, inner: Publisher) -> None:
         self.inner = inner
         self.stats: PublisherStats = inner.stats
+        self.never_waits = bool(getattr(inner, "never_waits", False))
         self.counts: Counter[str] = Counter()
         self.chunks = 0
 

@@ -13,7 +13,7 @@ Result = dict[str, Any]
 REFS = ("websockets", "socketio")
 OURS = "broadcaster"
 # Scenarios compared with other references than REFS.
-_SCENARIO_REFS = {"http": ("uvicorn",)}
+_SCENARIO_REFS: dict[str, tuple[str, ...]] = {"http": ("uvicorn",), "agentside": ()}
 
 
 def _find(results: Sequence[Result], server: str, scenario: str) -> Result | None:
@@ -84,6 +84,7 @@ _COLUMNS: dict[str, list[tuple[str, str]]] = {
     "agents": [
         ("CPU us/envelope", "server_cpu_us_per_envelope"),
         ("sessions/core", "sessions_per_core"),
+        ("sessions/worker core", "sessions_per_worker_core"),
         ("capacity", "capacity_sessions"),
         ("at sessions", "at_sessions"),
         ("p50 ms", "latency_ms.p50"),
@@ -91,6 +92,16 @@ _COLUMNS: dict[str, list[tuple[str, str]]] = {
         ("publish-side p99", "publish_side_ms.p99"),
         ("publisher us/envelope", "publisher_cpu_us_per_envelope"),
         ("server CPU%", "server_cpu_pct"),
+        ("lost", "lost"),
+    ],
+    "agentside": [
+        ("worker CPU us/envelope", "cpu_us_per_envelope"),
+        ("floor us/envelope", "floor_cpu_us_per_envelope"),
+        ("x floor", "floor_ratio"),
+        ("sessions/worker core", "sessions_per_worker_core"),
+        ("floor sessions/worker core", "floor_sessions_per_worker_core"),
+        ("envelopes/round trip", "envelopes_per_round_trip"),
+        ("sessions", "sessions"),
         ("lost", "lost"),
     ],
     "http": [
@@ -109,6 +120,15 @@ _LABELS = {"broadcaster": "agent-broadcaster", "websockets": "websockets (ref)"}
 _LABELS["socketio"] = "socket.io (ref)"
 _LABELS["uvicorn"] = "bare uvicorn (ref)"
 _SHORT = {"websockets": "websockets", "socketio": "socket.io", "uvicorn": "uvicorn"}
+
+
+def _scenario_layout(scenario: str) -> tuple[list[tuple[str, str]], tuple[str, ...]]:
+    """A scenario's columns and references (those of bench/nodes.py live there)."""
+    from bench import nodes  # bench.nodes imports this module's Target (lazily)
+
+    if scenario in nodes.SCENARIOS:
+        return nodes.COLUMNS[scenario], nodes.REFS[scenario]
+    return _COLUMNS.get(scenario, []), _SCENARIO_REFS.get(scenario, REFS)
 
 
 def _label(server: str) -> str:
@@ -130,9 +150,8 @@ def table(results: Sequence[Result]) -> str:
     out: list[str] = []
     scenarios = list(dict.fromkeys(r["scenario"] for r in results))
     for scenario in scenarios:
-        columns = _COLUMNS.get(scenario, [])
+        columns, refs = _scenario_layout(scenario)
         rows = [r for r in results if r["scenario"] == scenario]
-        refs = _SCENARIO_REFS.get(scenario, REFS)
         head = ["server", *(h for h, _ in columns), *(f"x {_SHORT[ref]}" for ref in refs)]
         body: list[list[str]] = []
         for r in rows:
@@ -237,6 +256,10 @@ def targets(results: Sequence[Result]) -> list[Target]:
             "{} us",
         )
     )
+    found += _agentside_targets(results)
+    from bench.nodes import targets as nodes_targets
+
+    found += nodes_targets(results)
     bad = [
         f"{r['server']}/{r['scenario']}: lost {r.get('lost')}, reordered {r.get('out_of_order')}"
         for r in results
@@ -253,6 +276,26 @@ def targets(results: Sequence[Result]) -> list[Target]:
     return found
 
 
+def _agentside_targets(results: Sequence[Result]) -> list[Target]:
+    """Issue 33's agent side: the product's publishing processes against the minimal
+    publisher written in the bench, same envelopes at the same pace, in one run."""
+    ours = _find(results, OURS, "agentside")
+    return [
+        _check(
+            "(33) agent side: worker CPU per envelope <= 2x a hand-written publisher",
+            [_get(ours, "floor_ratio"), _get(ours, "cpu_us_per_envelope")],
+            lambda r, _us: r <= 2,
+            "{}x ({} us per envelope)",
+        ),
+        _check(
+            "(33) agent side: every envelope in its channel's history",
+            [_get(ours, "lost"), _get(ours, "product.in_history"), _get(ours, "floor.in_history")],
+            lambda lost, _p, _f: lost == 0,
+            "lost {}; {} (product) and {} (floor) history entries",
+        ),
+    ]
+
+
 def _channels_targets(results: Sequence[Result]) -> list[Target]:
     """Issue 17's many-channels targets, at the same paced rate for every server."""
     ours = _find(results, OURS, "channels")
@@ -263,7 +306,10 @@ def _channels_targets(results: Sequence[Result]) -> list[Target]:
     history = _get(ours, "history_len") if paced else None
     return [
         _check(
-            f"{name}: CPU per delivered msg <= 0.6x socket.io", [cpu], lambda r: r <= 0.6, "{}x"
+            f"{name}: CPU per delivered msg <= 0.5x socket.io (issue 33)",
+            [cpu],
+            lambda r: r <= 0.5,
+            "{}x",
         ),
         _check(
             f"{name}: p99 <= 10 ms",

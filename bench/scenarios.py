@@ -16,9 +16,18 @@ one flat result dict (one JSON line of the report).
   processes, 1-3 viewers per session; stepped 50, 100, 200... sessions until p99 from the
   adapter's publish to the viewer passes 50 ms or the server nears one core. The
   references get the same agent traffic through a publisher in their own format.
+* ``agentside``: the publishing side of ``agents`` alone (no viewers): 50 sessions in
+  publishing processes of 25, first on the product's path (as ``agents``), then on a
+  minimal publisher written in the bench (``bench/agentside.py``) that replays a recorded
+  product session's envelopes at the same offsets through the same publish script;
+  publishing-process CPU per envelope of both, the ratio, sessions per worker core, and
+  every envelope counted in its channel's Redis history. Our server only.
 * ``http``: signed ``POST /apps/{id}/events`` (single) and ``/batch_events`` (10 events)
   back to back from 8 workers; servers without the HTTP API are skipped. The bare-uvicorn
   reference gets the same requests and no subscriber (it delivers nothing).
+* ``nodes``, ``nodes-cluster`` (``bench/nodes.py``): 60,000 connections over 4 server
+  nodes on one Redis or a 3-primary Redis Cluster, a shared and a signed private channel
+  each; broadcasts timed per client. Our server and socket.io only.
 
 The primary figure is the server's CPU time (``/proc``: this one process) per delivered
 message over the measured window, from the first publication until the last delivery.
@@ -56,7 +65,15 @@ from bench._redis import PrivateRedis
 from bench.profile import PYTHON_SERVERS, start_profiler, stop_profiler
 from bench.servers import APP, RunningServer, ServerSpec, start_server
 
-__all__ = ["FULL", "QUICK", "SCENARIOS", "Sizes", "run_scenario"]
+__all__ = [
+    "FULL",
+    "NODE_SCENARIOS",
+    "QUICK",
+    "SCENARIOS",
+    "SCENARIO_NAMES",
+    "Sizes",
+    "run_scenario",
+]
 
 LOADGEN = str(REPO / "bench" / "node" / "loadgen.js")
 HTTPLOAD = str(REPO / "bench" / "node" / "httpload.js")
@@ -82,9 +99,17 @@ class Sizes:
     agents_duration: float = 5.0  # seconds each session streams
     agents_rate: float = 20  # text chunks per second per session
     agents_per_proc: int = 25  # sessions per publishing process (a worker runs 8 by default)
+    agentside: int = 50  # sessions in 'agentside' (product and floor each)
+    agentside_duration: float = 5.0  # seconds each of its sessions streams
     http_workers: int = 8
     http_duration: float = 4.0
     http_batch: int = 10
+    # nodes / nodes-cluster (bench/nodes.py): connections over several server nodes
+    nodes_connections: int = 60_000
+    nodes: int = 4
+    nodes_loadgens: int = 4  # load generator processes (at least; each under the fd limit)
+    nodes_broadcasts: int = 5  # broadcasts on the shared channel
+    nodes_gap: float = 1.0  # seconds between broadcasts
 
 
 FULL = Sizes()
@@ -95,7 +120,12 @@ QUICK = Sizes(
     idle=1000,
     agents=(20, 40),
     agents_duration=2,
+    agentside=50,
+    agentside_duration=3,
     http_duration=1.5,
+    nodes_connections=2000,
+    nodes_broadcasts=3,
+    nodes_gap=0.5,
 )
 
 
@@ -144,6 +174,10 @@ async def run_scenario(
     (which costs them some CPU: figures of a profiled run are not comparable)."""
     if not spec.takes_part(scenario):
         return None
+    if scenario in NODE_SCENARIOS:  # several nodes, their own Redis or Cluster
+        from bench.nodes import run_nodes
+
+        return await run_nodes(spec, scenario, sizes)
     redis = await PrivateRedis().start()
     try:
         server = await start_server(spec, redis.url)
@@ -508,7 +542,10 @@ async def idle(ctx: Ctx) -> Result:
 
 
 _SPARE_FDS = 256  # open files a server or load generator needs besides its connections
-_PORTS_PER_ADDRESS = 14_000  # half the usual ephemeral range (32768-60999)
+# bind() to port 0 searches one half of the ephemeral range first: past about 12,500
+# ports on one address each bind() took about 4 ms instead of 10-18 us (issue 33, part 3),
+# so connects stalled; 5,000 per address keeps every bind() fast.
+_PORTS_PER_ADDRESS = 5_000
 _next_address = itertools.count()
 
 
@@ -557,6 +594,7 @@ async def agents(ctx: Ctx) -> Result:
         "stopped_because": stopped,
         "at_sessions": best["sessions"],
         **{k: best.get(k) for k in figures},
+        "sessions_per_worker_core": best["sessions_per_worker_core"] if passing else None,
         "envelopes_per_s": best["envelopes_per_s"],
         "delivered_per_s": best["delivered_per_s"],
         "server_cpu_pct": best["server_cpu_pct"],
@@ -724,6 +762,7 @@ def _agents_figures(
         "redis_cpu_pct": round(100 * cpu["redis"] / wall, 1),
         "other_cpu_pct": round(100 * _other(cpu) / wall, 1),
         "sessions_per_core": round(sessions / server_cores) if server_cores else None,
+        "sessions_per_worker_core": _per_core(sessions, cpu["publisher"], wall),
         "chunk_lag_ms": lag,
         "dropped": dropped,
         **{k: v for k, v in stats.items() if k != "received"},
@@ -791,6 +830,150 @@ async def _http_half(ctx: Ctx, batch: int) -> Result:
     }
 
 
+# -- agentside: the publishing side against a hand-written floor (issue 33) -------------------
+
+
+def _per_core(sessions: int, cpu: float, wall: float) -> int | None:
+    """Sessions per core of the processes that used ``cpu`` seconds in ``wall``."""
+    return round(sessions * wall / cpu) if cpu > 0 else None
+
+
+async def _agentside_half(
+    ctx: Ctx, kind: str, names: Sequence[str], extra: dict[str, Any]
+) -> tuple[Result, list[Result]]:
+    """Run ``names`` in publishing processes of ``kind`` (bench/agentside.py): their
+    figures and their ``done`` messages."""
+    sizes = ctx.sizes
+    procs = math.ceil(len(names) / sizes.agents_per_proc)
+    pubs: list[Child] = []
+    configs = tempfile.TemporaryDirectory(prefix="bench-agentside-")
+    try:
+        for i in range(procs):
+            cfg = {
+                "kind": kind,
+                "redis_url": ctx.redis.url,
+                "app_id": APP["id"],
+                "sessions": list(names[i::procs]),
+                "rate": sizes.agents_rate,
+                "duration": sizes.agentside_duration,
+                **extra,
+            }
+            path = Path(configs.name) / f"{kind}-{i}.json"
+            path.write_text(json.dumps(cfg))
+            argv = [sys.executable, "-m", "bench.agentside", f"@{path}"]
+            pubs.append(await Child(f"agentside-{kind}-{i}", argv).start())
+        await asyncio.gather(*(p.expect("ready", 60) for p in pubs))
+        meter = Meter({"publisher": [p.pid for p in pubs], "server": [ctx.server.pid]})
+        meter.start()
+        for pub in pubs:
+            pub.send({"cmd": "start"})
+        within = sizes.agentside_duration + 120
+        dones = await asyncio.gather(*(p.expect("done", within) for p in pubs))
+        wall, cpu = meter.stop()
+    finally:
+        await _close(pubs)
+        configs.cleanup()
+    total = sum(d["total"] for d in dones)
+    in_history = await _history_lens(ctx, [f"agent.{name}" for name in names])
+    lost = max(0, total - sum(in_history.values()))  # publications not in a history
+    figures: Result = {
+        "sessions": len(names),
+        "publishing_procs": procs,
+        "envelopes": total,
+        "envelopes_per_session": round(total / len(names), 1),
+        "seconds": round(wall, 3),
+        "cpu_us_per_envelope": _per(cpu["publisher"], total),
+        "cpu_pct": round(100 * cpu["publisher"] / wall, 1),
+        "sessions_per_worker_core": _per_core(len(names), cpu["publisher"], wall),
+        "redis_round_trips": sum(d.get("sends", 0) for d in dones) or None,
+        "chunk_lag_ms": max(d["lag_ms"] for d in dones),
+        "in_history": sum(in_history.values()),
+        "lost": lost + sum(d["dropped"] for d in dones),
+        "server_cpu_pct": round(100 * cpu["server"] / wall, 1),
+        "other_cpu_pct": round(100 * _other(cpu) / wall, 1),
+    }
+    return figures, list(dones)
+
+
+async def _recording(ctx: Ctx, channel: str, start: float) -> list[list[Any]]:
+    """``[seconds after start, event, data]`` of every publication in ``channel``'s
+    history: when (the envelope's ``timestamp``) and what the product's session sent."""
+    from redis.asyncio import Redis
+
+    from broadcaster.backends.base import DEFAULT_REDIS_PREFIX
+    from broadcaster.backends.redis import channel_key
+
+    client = Redis.from_url(ctx.redis.url)
+    try:
+        stream = channel_key(DEFAULT_REDIS_PREFIX, APP["id"], channel, "stream")
+        entries: list[Any] = await client.xrange(stream) or []
+    finally:
+        await client.aclose()
+    recording = []
+    for _, fields in entries:
+        frame = json.loads(bytes(fields[b"p"]).partition(b"\n")[2])
+        data = frame["data"]
+        stamp = datetime.fromisoformat(json.loads(data)["timestamp"].replace("Z", "+00:00"))
+        recording.append([round(stamp.timestamp() - start, 4), frame["event"], data])
+    return recording
+
+
+async def _history_lens(ctx: Ctx, channels: Sequence[str]) -> dict[str, int]:
+    """Entries in each channel's history stream (one pipeline)."""
+    from redis.asyncio import Redis
+
+    from broadcaster.backends.base import DEFAULT_REDIS_PREFIX
+    from broadcaster.backends.redis import channel_key
+
+    client = Redis.from_url(ctx.redis.url)
+    try:
+        pipe = client.pipeline(transaction=False)
+        for channel in channels:
+            pipe.xlen(channel_key(DEFAULT_REDIS_PREFIX, APP["id"], channel, "stream"))
+        return dict(zip(channels, (int(n) for n in await pipe.execute()), strict=True))
+    finally:
+        await client.aclose()
+
+
+async def agentside(ctx: Ctx) -> Result:
+    """The same sessions two ways, one after the other: the product's path (real agent
+    loops, adapter and ``RedisPublisher``) and a minimal publisher written in the bench
+    (bench/agentside.py) replaying a product session's envelopes at the same pace through
+    the same publish script. Publishing-process CPU per envelope, and the ratio."""
+    from broadcaster.backends.base import DEFAULT_REDIS_PREFIX
+    from broadcaster.backends.redis import scripts
+
+    n = ctx.sizes.agentside
+    names_p = [f"side-p-{i}" for i in range(n)]
+    product, dones = await _agentside_half(ctx, "product", names_p, {})
+    recording = await _recording(ctx, f"agent.{names_p[0]}", dones[0]["start_wall"])
+    floor_cfg = {"prefix": DEFAULT_REDIS_PREFIX, "script": scripts.PUBLISH.source}
+    floor, _ = await _agentside_half(
+        ctx, "floor", [f"side-f-{i}" for i in range(n)], floor_cfg | {"recording": recording}
+    )
+    us, floor_us = product["cpu_us_per_envelope"], floor["cpu_us_per_envelope"]
+    return {
+        "server": ctx.spec.name,
+        "scenario": "agentside",
+        "sessions": n,
+        "cpu_us_per_envelope": us,
+        "floor_cpu_us_per_envelope": floor_us,
+        "floor_ratio": round(us / floor_us, 2) if us and floor_us else None,
+        "sessions_per_worker_core": product["sessions_per_worker_core"],
+        "floor_sessions_per_worker_core": floor["sessions_per_worker_core"],
+        "envelopes_per_round_trip": (
+            round(product["envelopes"] / product["redis_round_trips"], 2)
+            if product["redis_round_trips"]
+            else None
+        ),
+        "lost": product["lost"] + floor["lost"],
+        "out_of_order": 0,
+        "other_cpu_pct": max(product["other_cpu_pct"], floor["other_cpu_pct"]),
+        "product": product,
+        "floor": floor,
+    }
+
+
 SCENARIOS: dict[str, Callable[[Ctx], Awaitable[Result]]] = {
     "fanout": fanout,
     "latency": latency,
@@ -798,7 +981,11 @@ SCENARIOS: dict[str, Callable[[Ctx], Awaitable[Result]]] = {
     "idle": idle,
     "agents": agents,
     "http": http,
+    "agentside": agentside,
 }
+# Run by bench/nodes.py (it starts its own nodes and Redis or Redis Cluster).
+NODE_SCENARIOS = ("nodes", "nodes-cluster")
+SCENARIO_NAMES = (*SCENARIOS, *NODE_SCENARIOS)
 
 # Re-exported for callers that want to catch a failed child.
 __all__ += ["ChildFailed"]

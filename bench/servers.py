@@ -41,6 +41,8 @@ class ServerSpec:
         """Whether this server is measured in ``scenario``."""
         if scenario == "http" and not self.http_api:
             return False
+        if scenario == "agentside" and self.publisher != "broadcaster":
+            return False  # our publishing side against a floor: no reference server
         return not self.only or scenario in self.only
 
     @property

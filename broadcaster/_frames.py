@@ -42,21 +42,23 @@ def text_frame(payload: bytes) -> bytes:
 
 
 class PreparedMessage:
-    """One server message: its JSON ``payload`` and, built on first use and then
-    shared, the raw ``frame`` (fast path) and the ``text`` (ASGI fallback)."""
+    """One server message: its JSON ``payload``, the raw ``frame`` (fast path) built
+    with it, and the ``text`` (ASGI fallback, SSE) built on first use and then shared."""
 
-    __slots__ = ("_frame", "_text", "payload")
+    __slots__ = ("_text", "frame", "payload")
 
     def __init__(self, payload: bytes) -> None:
         self.payload = payload
-        self._frame: bytes | None = None
+        # text_frame(payload), inlined: every publication makes one, and nearly every
+        # message goes out as a frame (a property and a call per message showed).
+        size = len(payload)
+        if size < 126:
+            self.frame = bytes((_FIN_TEXT, size)) + payload
+        elif size < 1 << 16:
+            self.frame = _HEADER_16(_FIN_TEXT, 126, size) + payload
+        else:
+            self.frame = _HEADER_64(_FIN_TEXT, 127, size) + payload
         self._text: str | None = None
-
-    @property
-    def frame(self) -> bytes:
-        if self._frame is None:
-            self._frame = text_frame(self.payload)
-        return self._frame
 
     @property
     def text(self) -> str:

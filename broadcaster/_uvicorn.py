@@ -237,8 +237,10 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
         return self.close_sent or self.disconnected or self.transport.is_closing()
 
     def write(self, data: bytes) -> None:
-        if not self.closing:
-            self.transport.write(data)
+        # self.closing, inlined: one write per message and connection goes through here.
+        transport = self.transport
+        if not (self.close_sent or self.disconnected or transport.is_closing()):
+            transport.write(data)
 
     def buffered(self) -> int:
         return self.transport.get_write_buffer_size()

@@ -79,14 +79,13 @@ class Delivery:
         self._dirty: list[Connection] = []
         self._scheduled = False
 
-    def mark(self, conn: Connection) -> None:
-        """Flush ``conn`` at the end of this tick."""
-        self._dirty.append(conn)
-        if not self._scheduled:
-            self._scheduled = True
-            if self._loop is None:
-                self._loop = asyncio.get_running_loop()
-            self._loop.call_soon(self.flush)
+    def _schedule(self) -> None:
+        """Flush at the end of this tick the connections that :meth:`Connection.send`
+        adds to ``_dirty``."""
+        self._scheduled = True
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        self._loop.call_soon(self.flush)
 
     def flush(self) -> None:
         """Write every waiting connection's frames (one write per connection)."""
@@ -165,7 +164,9 @@ class Connection:
         frame = message.frame
         pending = self._pending
         if pending is None:  # the first frame of this tick: read the transport's backlog
-            self._backlog = self._buffered()
+            raw = self._raw  # (not self._buffered(): one call less per message)
+            assert raw is not None
+            self._backlog = raw.buffered()
         size = self._pending_bytes + len(frame)
         limit = self._delivery.max_buffer_bytes
         # The backlog read earlier in the tick can only have shrunk since: read it again
@@ -177,7 +178,11 @@ class Connection:
             self._oversized = 0  # (nearly all) written: the plain limit again
         if pending is None:
             self._pending = [frame]
-            self._delivery.mark(self)
+            # Flush at the end of this tick (inlined: once per connection and tick).
+            delivery = self._delivery
+            delivery._dirty.append(self)
+            if not delivery._scheduled:
+                delivery._schedule()
         else:
             pending.append(frame)
         self._pending_bytes = size

@@ -161,7 +161,10 @@ class Hub:
         self._channels: dict[_Key, _Channel] = {}
         self._leaving: dict[_Key, asyncio.Task[None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._starts: list[float] = []  # delivered this tick, latency not yet observed
+        # The first delivery of this tick (perf_counter) and the publications delivered
+        # since, whose send latency is not yet observed.
+        self._tick_start: float | None = None
+        self._tick_publications = 0
         self._fills: set[asyncio.Task[None]] = set()
         self._breaks = backend.breaks  # the backend's breaks already marked
 
@@ -388,14 +391,21 @@ class Hub:
             )
             self._fan_out(entry, publication, PreparedMessage(frame))
             return
-        started = time.perf_counter()
+        if self._tick_start is None:
+            self._tick_start = time.perf_counter()
         message = PreparedMessage(frame)
         sent = 0
         for conn in subscribers:
             if conn.socket_id != exclude_socket_id:
                 conn.send(message)
                 sent += 1
-        self._delivered(sent, started)
+        # _delivered(sent), inlined: this runs once per publication.
+        metrics = self._metrics
+        metrics.publications += 1
+        metrics.messages_out += sent
+        self._tick_publications += 1
+        if self._tick_publications == 1:
+            self._observe_soon()
 
     def _take(
         self, key: _Key, entry: _Channel, publication: Publication, filled: Position | None
@@ -464,9 +474,10 @@ class Hub:
     def _fan_out(
         self, entry: _Channel, publication: Publication, message: PreparedMessage | None = None
     ) -> None:
-        started = time.perf_counter()
         if message is None:
             message = encode(publication)
+        if self._tick_start is None:
+            self._tick_start = time.perf_counter()
         exclude = publication.exclude_socket_id
         sent = 0
         for conn, recovery in entry.subscribers.items():
@@ -477,7 +488,7 @@ class Hub:
             if conn.socket_id != exclude:
                 conn.send(message)
                 sent += 1
-        self._delivered(sent, started)
+        self._delivered(sent)
 
     def _past_seam(
         self,
@@ -688,27 +699,33 @@ class Hub:
         for conn in list(entry.subscribers):
             conn.close(ErrorCode.OVER_CAPACITY, "missed publications: reconnect and resume")
 
-    def _delivered(self, sent: int, started: float) -> None:
-        """Count a publication fanned out to ``sent`` connections since ``started``.
-
-        One callback per tick, after the Delivery flush of this tick (call_soon
-        callbacks run in order), observes every publication delivered in the tick."""
+    def _delivered(self, sent: int) -> None:
+        """Count a publication fanned out to ``sent`` connections in this tick (whose
+        first delivery set ``_tick_start``)."""
         metrics = self._metrics
         metrics.publications += 1
         metrics.messages_out += sent
-        starts = self._starts
-        starts.append(started)
-        if len(starts) == 1:
-            if self._loop is None:
-                self._loop = asyncio.get_running_loop()
-            self._loop.call_soon(self._observe_latencies)
+        self._tick_publications += 1
+        if self._tick_publications == 1:
+            self._observe_soon()
+
+    def _observe_soon(self) -> None:
+        """Observe the send latency of this tick's publications once they are written:
+        one callback per tick, after the Delivery flush of this tick (call_soon
+        callbacks run in order)."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        self._loop.call_soon(self._observe_latencies)
 
     def _observe_latencies(self) -> None:
-        now = time.perf_counter()
-        starts, self._starts = self._starts, []
-        observe = self._metrics.send_latency.observe
-        for started in starts:
-            observe(now - started)
+        """The publications of the tick were written together: each counts the time
+        since the tick's first delivery (one histogram update per tick, not per
+        publication)."""
+        started, count = self._tick_start, self._tick_publications
+        self._tick_start = None
+        self._tick_publications = 0
+        if started is not None and count:
+            self._metrics.send_latency.observe(time.perf_counter() - started, count)
 
 
 _MISSING = _Recovery()

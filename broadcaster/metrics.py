@@ -47,10 +47,11 @@ class LatencyHistogram:
         self.counts = [0] * (len(bounds) + 1)
         self.total = 0.0
 
-    def observe(self, seconds: float) -> None:
-        """Count one value (in the first bucket whose bound is at least ``seconds``)."""
-        self.counts[bisect_left(self.bounds, seconds)] += 1
-        self.total += seconds
+    def observe(self, seconds: float, times: int = 1) -> None:
+        """Count ``times`` values of ``seconds`` (in the first bucket whose bound is at
+        least ``seconds``)."""
+        self.counts[bisect_left(self.bounds, seconds)] += times
+        self.total += seconds * times
 
     @property
     def count(self) -> int:
@@ -76,7 +77,9 @@ class Metrics:
         publications: publications delivered to this node.
         http_publishes: events accepted by the HTTP API (one per channel).
         send_latency: seconds from a publication reaching this node to its frames
-            being written to every local subscriber's transport.
+            being written to every local subscriber's transport. The publications of
+            one event-loop tick are counted from the tick's first one (they are written
+            together), so each value is at most that tick's delivery time.
     """
 
     def __init__(self, backend_reconnects: Callable[[], float] | None = None) -> None:

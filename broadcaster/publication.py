@@ -26,6 +26,7 @@ __all__ = [
     "Publication",
     "channel_event_frame",
     "frame_head",
+    "make_position",
     "parse_channel_event",
 ]
 
@@ -71,6 +72,21 @@ class Position:
                 f"{MAX_OFFSET_DIGITS} digits)"
             )
         return cls(offset=int(offset), epoch=epoch)
+
+
+_new = object.__new__
+_set_offset = Position.__dict__["offset"].__set__
+_set_epoch = Position.__dict__["epoch"].__set__
+
+
+def make_position(offset: int, epoch: str) -> Position:
+    """``Position(offset, epoch)``, made about twice as fast (for the backends, which
+    make one per publication received): the frozen dataclass's ``__init__`` sets each
+    field through ``object.__setattr__``; this sets the slots directly."""
+    position: Position = _new(Position)
+    _set_offset(position, offset)
+    _set_epoch(position, epoch)
+    return position
 
 
 @dataclass(frozen=True, slots=True)

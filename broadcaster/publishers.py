@@ -37,7 +37,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, runtime_checkable
 from urllib.parse import quote, urlencode
 
 import httpx
@@ -55,7 +55,9 @@ if TYPE_CHECKING:
 
     from redis.asyncio import Redis
     from redis.asyncio.cluster import RedisCluster
+    from redis.asyncio.connection import AbstractConnection
 
+    from broadcaster.backends.redis.resp import ReplyReader
     from broadcaster.publication import Position
 
 __all__ = [
@@ -130,7 +132,12 @@ class PublisherStats:
 
 
 class Publisher(Protocol):
-    """Puts envelopes on channels."""
+    """Puts envelopes on channels.
+
+    A publisher whose :meth:`broadcast` never waits (it only buffers) may say so with a
+    true ``never_waits`` attribute: the envelope adapter then flushes the streamed text
+    of all its sessions in one go (``agent_core.adapters.broadcasting``).
+    """
 
     stats: PublisherStats
 
@@ -149,6 +156,7 @@ class RecordingPublisher:
 
     records: list[tuple[str, Envelope]] = field(default_factory=list)
     stats: PublisherStats = field(default_factory=PublisherStats)
+    never_waits: ClassVar[bool] = True  # see Publisher
 
     async def broadcast(self, channel: str, envelope: Envelope) -> None:
         self.records.append((channel, envelope))
@@ -176,6 +184,8 @@ class BufferedPublisher(ABC):
         max_batch: how many buffered publications one send may carry.
         close_timeout: how long :meth:`aclose` keeps trying to deliver the buffer.
     """
+
+    never_waits: ClassVar[bool] = True  # broadcast() only buffers (see Publisher)
 
     def __init__(
         self, *, max_buffer: int = 10_000, max_batch: int = 10, close_timeout: float = 5.0
@@ -488,15 +498,14 @@ class RedisPublisher(BufferedPublisher):
         self._prefix = prefix or DEFAULT_PREFIX
         self._wait_replicas = wait_replicas
         self._wait_timeout = wait_timeout
+        # Its own connection, read by a ReplyReader (see _pipeline); opened on first use.
+        self._conn: tuple[AbstractConnection, ReplyReader] | None = None
 
     async def _send(self, batch: list[Outgoing]) -> None:
         from redis.asyncio.cluster import RedisCluster
         from redis.exceptions import RedisError
 
-        from broadcaster.backends.redis.publish import (
-            publish_many_via_redis,
-            publish_via_redis_cluster,
-        )
+        from broadcaster.backends.redis.publish import publish_via_redis_cluster
 
         publications = [
             Publication(self._app_id, item.channel, item.event, item.data) for item in batch
@@ -513,15 +522,77 @@ class RedisPublisher(BufferedPublisher):
                         wait_timeout=self._wait_timeout,
                     )
             else:
-                await publish_many_via_redis(
-                    client,
-                    self._prefix,
-                    publications,
-                    wait_replicas=self._wait_replicas,
-                    wait_timeout=self._wait_timeout,
-                )
-        except (RedisError, OSError, BackendUnavailable) as exc:
+                await self._pipeline(client, publications)
+        except (RedisError, OSError, BackendUnavailable, TimeoutError) as exc:
             raise PublishError(f"cannot publish through Redis: {exc}", retryable=True) from exc
+
+    async def _pipeline(self, client: Redis, publications: list[Publication]) -> None:
+        """The batch in one round trip on this publisher's own connection, as
+        :func:`~broadcaster.backends.redis.publish.publish_many_via_redis` sends it
+        (same commands, same replies), but read by a
+        :class:`~broadcaster.backends.redis.resp.ReplyReader`: no pool checkout, and no
+        coroutine, await or timer per reply, only one per round trip. A connection
+        that fails or times out is closed; the next round trip opens a new one."""
+        from redis.exceptions import NoScriptError
+
+        from broadcaster.backends.redis import scripts
+        from broadcaster.backends.redis.publish import (
+            check_wait,
+            publish_commands,
+            published_positions,
+        )
+        from broadcaster.backends.redis.resp import pack_commands
+
+        wait, timeout = self._wait_replicas, self._wait_timeout
+        check_wait(wait, timeout)
+        commands = publish_commands(
+            self._prefix, publications, wait_replicas=wait, wait_timeout=timeout
+        )
+        packed = pack_commands(commands)
+        for attempt in (1, 2):
+            replies = await self._round_trip(client, packed, len(commands))
+            if attempt == 1 and isinstance(replies[0], NoScriptError):
+                # A restarted or flushed Redis: nothing ran (every call is the same script).
+                await client.script_load(scripts.PUBLISH.source)
+                continue
+            break
+        published_positions(replies, wait, timeout)
+
+    async def _round_trip(self, client: Redis, packed: bytes, count: int) -> list[Any]:
+        from broadcaster.backends.redis.resp import ReplyReader, take_over
+
+        if self._conn is None:
+            conn: AbstractConnection = client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+            try:
+                await conn.connect()  # type: ignore[no-untyped-call]
+                reader = ReplyReader()
+                take_over(conn, reader)
+            except BaseException:
+                await conn.disconnect(nowait=True)
+                raise
+            self._conn = (conn, reader)
+        conn, reader = self._conn
+        waiter = reader.expect(count)
+        try:
+            reader.write(packed)
+            timeout = getattr(conn, "socket_timeout", None)
+            if timeout is None:
+                return await waiter
+            extra = self._wait_timeout if self._wait_replicas else 0.0
+            return await asyncio.wait_for(waiter, timeout + extra)
+        except BaseException:
+            # Replies may still be on their way: never read this connection again.
+            await self._drop_connection()
+            raise
+
+    async def _drop_connection(self) -> None:
+        held, self._conn = self._conn, None
+        if held is not None:
+            with contextlib.suppress(Exception):
+                await held[0].disconnect(nowait=True)
+
+    async def _release(self) -> None:
+        await self._drop_connection()
 
     async def save(self, channel: str, snapshot: bytes) -> None:
         """Store the session's final state where the servers read it (see

@@ -15,8 +15,15 @@ Pusher event (10,240 bytes of data) or a subscriber's buffer cannot take; viewer
 a step's chunks in ``chunk_index`` order and get the text exactly.
 
 Ordering: envelopes are published one at a time, in event order, under one lock; the
-timer that flushes coalesced text takes the same lock, so text never overtakes the
-event that followed it.
+flush of coalesced text takes the same lock, so text never overtakes the event that
+followed it.
+
+Held text is flushed by one timer per event loop, shared by every adapter of the
+process (:class:`_SharedFlusher`): when it fires, it flushes the held text of every
+adapter that holds some, in one task, so a process running many sessions publishes
+their text together (one batch, one round trip for a buffered publisher) instead of
+one timer, one task and one round trip per adapter and chunk. Text is still held at
+most ``coalesce_seconds``: the timer is due when the oldest held text is.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -235,7 +243,8 @@ class EnvelopeEmitter:
         self._chunk_bytes = 0  # text_size of the held text
         self._chunk_step: int | None = None
         self._chunk_index = 0
-        self._timer: asyncio.TimerHandle | None = None
+        self._flusher: _SharedFlusher | None = None  # set while text waits for it
+        self._home: tuple[asyncio.AbstractEventLoop, _SharedFlusher] | None = None
         self._timer_tasks: set[asyncio.Task[None]] = set()
 
     async def on_event(self, event: ev.AgentEvent) -> None:
@@ -270,6 +279,9 @@ class EnvelopeEmitter:
         """Publish held text and wait for timer flushes."""
         async with self._lock:
             await self._flush_chunks(complete=False)
+        flushing = _SharedFlusher.running()
+        if flushing is not None and flushing is not asyncio.current_task():
+            await asyncio.gather(flushing, return_exceptions=True)
         if self._timer_tasks:
             await asyncio.gather(*self._timer_tasks, return_exceptions=True)
 
@@ -366,9 +378,12 @@ class EnvelopeEmitter:
                 await self._hold(event.text_delta)
             if event.is_complete or len(self._chunks) >= self.options.coalesce_deltas:
                 await self._flush_chunks(complete=event.is_complete)
-            elif self._chunks and self._timer is None:
+            elif self._chunks and self._flusher is None:
                 loop = asyncio.get_running_loop()
-                self._timer = loop.call_later(self.options.coalesce_seconds, self._on_timer)
+                if self._home is None or self._home[0] is not loop:
+                    self._home = (loop, _SharedFlusher.of(loop))
+                self._flusher = self._home[1]
+                self._flusher.hold(self, self.options.coalesce_seconds)
 
     async def _hold(self, delta: str) -> None:
         """Hold ``delta`` for coalescing, publishing first what would take the held text
@@ -386,8 +401,9 @@ class EnvelopeEmitter:
         self._chunks.append(delta)
         self._chunk_bytes += size
 
-    def _on_timer(self) -> None:
-        self._timer = None
+    def _flush_alone(self) -> None:
+        """Flush held text in a task of its own (the shared flusher's way for an adapter
+        that is busy, or whose publisher may wait)."""
         task = asyncio.get_running_loop().create_task(self._timer_flush())
         self._timer_tasks.add(task)
         task.add_done_callback(self._timer_tasks.discard)
@@ -398,9 +414,9 @@ class EnvelopeEmitter:
 
     async def _flush_chunks(self, *, complete: bool) -> None:
         """Publish held text (caller holds the lock)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._flusher is not None:
+            self._flusher.release(self)
+            self._flusher = None
         if not self._chunks and not complete:
             return
         text, deltas = "".join(self._chunks), len(self._chunks)
@@ -417,8 +433,9 @@ class EnvelopeEmitter:
             chunk_index=self._chunk_index,
             step_number=self._chunk_step or None,
         )
+        envelope = env.StreamChunk(**self._ids(), payload=payload)
         self._chunk_index += 1
-        await self._publish(env.StreamChunk(**self._ids(), payload=payload))
+        await self._publish(envelope)
 
     # -- publishing -----------------------------------------------------------------------
 
@@ -453,6 +470,100 @@ class EnvelopeEmitter:
             # publisher counts and logs what it could not deliver.
             self.failures += 1
             logger.exception("could not publish %s for session %s", envelope.type, self.session_id)
+
+
+class _SharedFlusher:
+    """The one timer of an event loop that flushes the held text of every emitter.
+
+    An emitter that starts holding text calls :meth:`hold` with its delay; the timer is
+    due at the earliest deadline. When it fires, every emitter still holding text is
+    flushed, in one task for all those whose lock is free and whose publisher never
+    waits (a buffered publisher only enqueues): each flush then runs without a pause,
+    so together they are one batch for the publisher. A busy emitter (its lock held,
+    e.g. while its final state is stored) or one whose publisher may wait (a network
+    round trip per publication) is flushed in a task of its own, as it does not hold
+    up the others.
+    """
+
+    def __init__(self) -> None:
+        # No reference to its loop: the loop is the key of its entry in _FLUSHERS.
+        self._held: dict[EnvelopeEmitter, None] = {}  # in the order they began holding
+        self._timer: asyncio.TimerHandle | None = None
+        self._due = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _SharedFlusher:
+        """``loop``'s flusher (emitters keep theirs: a weak-key lookup costs a weak
+        reference)."""
+        flusher = _FLUSHERS.get(loop)
+        if flusher is None:
+            flusher = _FLUSHERS[loop] = cls()
+        return flusher
+
+    @classmethod
+    def running(cls) -> asyncio.Task[None] | None:
+        """The running loop's flush task, while one runs."""
+        flusher = _FLUSHERS.get(asyncio.get_running_loop())
+        return None if flusher is None else flusher._task
+
+    def hold(self, emitter: EnvelopeEmitter, delay: float) -> None:
+        """``emitter`` holds text that must be flushed within ``delay`` seconds."""
+        self._held[emitter] = None
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay
+        if self._timer is None or due < self._due:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._due = due
+            self._timer = loop.call_at(due, self._fire)
+
+    def release(self, emitter: EnvelopeEmitter) -> None:
+        """``emitter`` flushed its text itself."""
+        self._held.pop(emitter, None)
+        if not self._held and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _fire(self) -> None:
+        self._timer = None
+        together: list[EnvelopeEmitter] = []
+        for emitter in self._held:
+            emitter._flusher = None
+            if emitter._lock.locked() or not _never_waits(emitter.publisher):
+                emitter._flush_alone()
+            else:
+                together.append(emitter)
+        self._held = {}
+        if together:
+            task = asyncio.get_running_loop().create_task(self._flush(together))
+            self._task = task
+            task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        if self._task is task:
+            self._task = None
+
+    @staticmethod
+    async def _flush(emitters: list[EnvelopeEmitter]) -> None:
+        for emitter in emitters:
+            # Nothing here pauses (free locks, publishers that only buffer), but an
+            # emitter that got busy since the timer fired must not hold up the others.
+            if emitter._lock.locked():
+                emitter._flush_alone()
+            else:
+                await emitter._timer_flush()
+
+
+_FLUSHERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _SharedFlusher] = (
+    weakref.WeakKeyDictionary()
+)
+"""The shared flusher of each event loop."""
+
+
+def _never_waits(publisher: Publisher) -> bool:
+    """Whether ``publisher.broadcast`` returns without waiting (it buffers)."""
+    return bool(getattr(publisher, "never_waits", False))
 
 
 class AgentEventAdapter(EnvelopeEmitter):

@@ -94,6 +94,7 @@ class EnvelopeTracer:
         self.agent_name = agent_name
         self.include_content = include_content
         self.stats = PublisherStats()
+        self.never_waits = True  # broadcast() only traces (see Publisher)
         self._runs: dict[str, _Execution] = {}
 
     async def broadcast(self, channel: str, envelope: env.Envelope) -> None:
@@ -290,6 +291,8 @@ class TracingPublisher:
         self.publisher = publisher
         self.tracer = tracer
         self.stats = publisher.stats
+        # Waits exactly when the real publisher does (tracing itself never waits).
+        self.never_waits = bool(getattr(publisher, "never_waits", False))
 
     async def broadcast(self, channel: str, envelope: env.Envelope) -> None:
         """Trace ``envelope``, then publish it."""

@@ -683,6 +683,48 @@ async def test_an_error_reply_on_the_pubsub_connection_makes_the_node_reconnect(
     assert "NOPERM no access" in str(lost)
 
 
+def test_the_pubsub_reader_hands_message_pushes_to_on_message_and_the_rest_to_on_reply() -> None:
+    from broadcaster.backends.redis import PubSubReader
+
+    replies: list[Any] = []
+    messages: list[bytes] = []
+
+    async def feed() -> None:
+        reader = PubSubReader(replies.append, on_message=messages.append)
+        reader.data_received(
+            b"*3\r\n$9\r\nsubscribe\r\n$1\r\na\r\n:1\r\n"
+            b"*3\r\n$7\r\nmessage\r\n$1\r\na\r\n$3\r\none\r\n"
+            b"*2\r\n$4\r\npong\r\n$0\r\n\r\n"
+            b"*3\r\n$7\r\nmessage\r\n$1\r\na\r\n$3\r\ntw"  # the rest comes later
+        )
+        reader.data_received(b"o\r\n")
+        assert not reader.lost.done()
+
+    asyncio.run(feed())
+    assert messages == [b"one", b"two"]
+    assert replies == [[b"subscribe", b"a", 1], [b"pong", b""]]
+
+
+def test_the_pubsub_reader_reads_a_large_read_in_pieces_without_losing_a_reply() -> None:
+    from broadcaster.backends.redis import PubSubReader
+
+    payloads = [b"%d " % i + b"x" * 300 for i in range(100)]  # about 35 KB in all
+    pushes = [b"*3\r\n$7\r\nmessage\r\n$1\r\na\r\n$%d\r\n%b\r\n" % (len(p), p) for p in payloads]
+    data = b"".join(pushes) + b"*2\r\n$4\r\npong\r\n$0\r\n\r\n" + pushes[0]
+    replies: list[Any] = []
+    messages: list[bytes] = []
+
+    async def feed() -> None:
+        reader = PubSubReader(replies.append, on_message=messages.append)
+        reader.data_received(data[:-20])
+        reader.data_received(data[-20:])
+        assert not reader.lost.done()
+
+    asyncio.run(feed())
+    assert messages == [*payloads, payloads[0]]
+    assert replies == [[b"pong", b""]]
+
+
 def test_the_pubsub_reader_refuses_a_connection_it_cannot_take_over() -> None:
     from broadcaster.backends.redis import PubSubReader, take_over
 

@@ -17,6 +17,15 @@ def test_latency_histogram_counts_a_value_in_the_first_bucket_at_or_above_it() -
     assert histogram.total == sum((0.0005, 0.001, 0.002, 0.01, 3.0))
 
 
+def test_latency_histogram_counts_one_value_several_times() -> None:
+    histogram = LatencyHistogram((0.001, 0.01))
+    histogram.observe(0.002, 3)
+    histogram.observe(0.0005)
+    assert histogram.counts == [1, 3, 0]
+    assert histogram.count == 4
+    assert histogram.total == 0.002 * 3 + 0.0005
+
+
 def test_exposition_reports_the_plain_counters_and_the_histogram() -> None:
     metrics = Metrics()
     metrics.messages_in += 2

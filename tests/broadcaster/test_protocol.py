@@ -47,7 +47,7 @@ from broadcaster.protocol import (
     subscription_error,
     subscription_succeeded,
 )
-from broadcaster.publication import Position
+from broadcaster.publication import Position, make_position
 from broadcaster.settings import AppConfig
 from broadcaster.signing import channel_auth, sign, user_auth
 
@@ -655,3 +655,13 @@ def test_an_exact_copy_is_a_new_equal_object() -> None:
     copy = protocol.exact(data)
     assert copy == data
     assert copy is not data
+
+
+def test_a_position_made_fast_is_a_position_like_any_other() -> None:
+    position = make_position(7, "abcdefgh")
+    assert type(position) is Position
+    assert position == Position(7, "abcdefgh")
+    assert hash(position) == hash(Position(7, "abcdefgh"))
+    assert str(position) == "abcdefgh:7"
+    with pytest.raises(AttributeError):
+        position.offset = 8  # type: ignore[misc]

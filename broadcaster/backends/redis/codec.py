@@ -23,6 +23,7 @@ from broadcaster.publication import (
     Position,
     Publication,
     frame_head,
+    make_position,
     parse_channel_event,
 )
 
@@ -92,7 +93,7 @@ def split_payload(payload: bytes) -> tuple[str, str, Position | None, str | None
         version, app_id, channel, offset, epoch, exclude = head.split(b" ")
         if version != b"2" or not frame:
             raise ValueError
-        position = None if offset == b"-" else Position(int(offset), epoch.decode())
+        position = None if offset == b"-" else make_position(int(offset), epoch.decode())
         return (
             app_id.decode(),
             channel.decode(),

@@ -45,10 +45,12 @@ __all__ = [
     "check_wait",
     "claim_via_redis",
     "publish_and_wait",
+    "publish_commands",
     "publish_many_via_redis",
     "publish_script_args",
     "publish_via_redis",
     "publish_via_redis_cluster",
+    "published_positions",
     "release_via_redis",
     "store_value_via_redis",
 ]
@@ -158,12 +160,46 @@ async def publish_many_via_redis(
     check_wait(wait_replicas, wait_timeout)
     if not publications:
         return []
+    commands = publish_commands(
+        prefix,
+        publications,
+        history_size=history_size,
+        history_ttl=history_ttl,
+        history_meta_ttl=history_meta_ttl,
+        wait_replicas=wait_replicas,
+        wait_timeout=wait_timeout,
+    )
+    # The commands are packed by hiredis and sent on a pooled connection as one write
+    # (redis-py's pipeline costs several times more per command).
+    packed = pack_commands(commands)
+    for attempt in (1, 2):
+        results = await round_trip(client, packed, len(commands), wait_timeout)
+        if attempt == 1 and isinstance(results[0], NoScriptError):
+            # A restarted or flushed Redis: nothing ran (every call is the same script).
+            await client.script_load(scripts.PUBLISH.source)
+            continue
+        break
+    return published_positions(results, wait_replicas, wait_timeout)
+
+
+def publish_commands(
+    prefix: str,
+    publications: Sequence[Publication],
+    *,
+    history_size: int = DEFAULT_HISTORY_SIZE,
+    history_ttl: float = DEFAULT_HISTORY_TTL,
+    history_meta_ttl: float = DEFAULT_HISTORY_META_TTL,
+    wait_replicas: int = 0,
+    wait_timeout: float = 1.0,
+) -> list[tuple[str | int | bytes, ...]]:
+    """The commands of :func:`publish_many_via_redis`: an ``EVALSHA`` of the publish
+    script per publication, then ``WAIT`` with ``wait_replicas``; read their replies
+    with :func:`published_positions`."""
     script = scripts.PUBLISH
     # One epoch for the batch (a random draw is a system call): it only serves a channel
-    # that the batch creates. The commands are packed by hiredis and sent on a pooled
-    # connection as one write (redis-py's pipeline costs several times more per command).
+    # that the batch creates.
     epoch = new_epoch()
-    commands = []
+    commands: list[tuple[str | int | bytes, ...]] = []
     for p in publications:
         keys, args = publish_script_args(
             prefix, p, history_size, history_ttl, history_meta_ttl, epoch
@@ -171,14 +207,18 @@ async def publish_many_via_redis(
         commands.append(("EVALSHA", script.sha, len(keys), *keys, *args))
     if wait_replicas:  # on the same connection: it confirms the writes sent before it
         commands.append(("WAIT", wait_replicas, ms(wait_timeout)))
-    packed = pack_commands(commands)
-    for attempt in (1, 2):
-        results = await round_trip(client, packed, len(commands), wait_timeout)
-        if attempt == 1 and isinstance(results[0], NoScriptError):
-            # A restarted or flushed Redis: nothing ran (every call is the same script).
-            await client.script_load(script.source)
-            continue
-        break
+    return commands
+
+
+def published_positions(
+    results: list[Any], wait_replicas: int, wait_timeout: float
+) -> list[Position]:
+    """The positions from the replies to :func:`publish_commands`.
+
+    Raises:
+        redis.exceptions.RedisError: the first publication Redis refused.
+        broadcaster.backends.base.NotReplicated: ``WAIT`` confirmed fewer replicas.
+    """
     kept = results.pop() if wait_replicas else None
     for result in results:
         if isinstance(result, Exception):

@@ -75,25 +75,28 @@ class PubSubBase(BackendCore):
     def _message(self, data: bytes) -> None:
         """Deliver one pub/sub message: a publication (format 2, or 1 from an older
         publisher) or a control message (a JSON object)."""
-        first = data[:1]
-        if first == b"{":
+        on_encoded = self._on_encoded
+        if on_encoded is not None and data[:1] == b"2":  # the hot path: no JSON at all
+            try:
+                parts = split_payload(data)
+            except ValueError:
+                log.warning("dropped a malformed publication: %r", data[:200])
+                return
+            try:
+                on_encoded(*parts)
+            except Exception:
+                log.exception("publication handler failed on %r", data[:120])
+            return
+        if data[:1] == b"{":
             self._control(data)
             return
-        on_encoded = self._on_encoded
-        encoded = first == b"2" and on_encoded is not None  # the hot path: no JSON at all
         try:
-            if encoded:
-                parts = split_payload(data)
-            else:
-                publication = decode_publication(data)
+            publication = decode_publication(data)
         except ValueError:
             log.warning("dropped a malformed publication: %r", data[:200])
             return
         try:
-            if encoded:
-                on_encoded(*parts)  # type: ignore[misc]
-            else:
-                self._on_publication(publication)  # type: ignore[misc]
+            self._on_publication(publication)  # type: ignore[misc]
         except Exception:
             log.exception("publication handler failed on %r", data[:120])
 
@@ -204,7 +207,7 @@ class OneConnection(PubSubBase):
         conn = self._new_pubsub_connection()
         try:
             await conn.connect()  # type: ignore[no-untyped-call]
-            reader = PubSubReader(self._dispatch, self.read_delay)
+            reader = PubSubReader(self._dispatch, self.read_delay, on_message=self._message)
             take_over(conn, reader)
             self._pubsub = conn
             self._reader = reader

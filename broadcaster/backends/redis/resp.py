@@ -71,6 +71,12 @@ async def replies_on(
     return results
 
 
+_FEED = 4096
+"""Bytes of a large read fed to hiredis at a time: once it consumed 1 KB of its buffer,
+it moves the rest to the front after every reply, so a read of many publications fed
+whole (a node catching up under load) costs copying that grows with its square."""
+
+
 class PubSubReader(asyncio.Protocol):
     """Reads a pub/sub connection as an :class:`asyncio.Protocol`: each wake-up feeds the
     bytes that arrived to one hiredis reader and hands every complete reply to
@@ -85,19 +91,31 @@ class PubSubReader(asyncio.Protocol):
     at once: pausing would batch nothing there, and costs two ``epoll_ctl`` calls and a
     timer per wake-up.
 
+    With ``on_message``, the data of each ``message`` push (``[b"message", channel,
+    data]``) goes to it directly, and every other reply to ``on_reply``.
+
     It takes over a connected redis-py connection (:func:`take_over`), which keeps
     redis-py's connection setup (TLS, AUTH, SELECT, Sentinel) and command writing.
     """
 
-    def __init__(self, on_reply: Callable[[Any], None], read_delay: float = 0.0) -> None:
+    def __init__(
+        self,
+        on_reply: Callable[[Any], None],
+        read_delay: float = 0.0,
+        *,
+        on_message: Callable[[bytes], None] | None = None,
+    ) -> None:
         self._on_reply = on_reply
+        self._on_message = on_message
         self._read_delay = read_delay
         self._parser = hiredis.Reader()
         self._transport: asyncio.Transport | None = None
         self._previous: asyncio.BaseProtocol | None = None  # redis-py's stream protocol
         self._paused = False
         self._last_read = -math.inf  # time.monotonic() of the last wake-up
-        self.lost: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        # Kept: asyncio.get_running_loop() makes a getpid() system call (CPython 3.11).
+        self._loop = asyncio.get_running_loop()
+        self.lost: asyncio.Future[BaseException] = self._loop.create_future()
         """Done with the reason once the connection is lost or unreadable."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -107,12 +125,19 @@ class PubSubReader(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         parser = self._parser
         on_reply = self._on_reply
+        on_message = self._on_message
+        size = len(data)
+        step = size if size <= 2 * _FEED else _FEED
         try:
-            parser.feed(data)
-            while (reply := parser.gets()) is not False:
-                if isinstance(reply, hiredis.ReplyError):
-                    raise ResponseError(str(reply))
-                on_reply(reply)
+            for start in range(0, size, step):
+                parser.feed(data, start, min(step, size - start))
+                while (reply := parser.gets()) is not False:
+                    if on_message is not None and type(reply) is list and reply[0] == b"message":
+                        on_message(reply[2])  # the hot path: a publication, one call
+                        continue
+                    if isinstance(reply, hiredis.ReplyError):
+                        raise ResponseError(str(reply))
+                    on_reply(reply)
         except (hiredis.ProtocolError, ResponseError) as exc:
             self._fail(RedisConnectionError(f"unreadable pub/sub reply: {exc}"))
             return
@@ -123,7 +148,7 @@ class PubSubReader(asyncio.Protocol):
             if busy and not self._paused and self._transport is not None:
                 self._paused = True
                 self._transport.pause_reading()
-                asyncio.get_running_loop().call_later(self._read_delay, self._resume)
+                self._loop.call_later(self._read_delay, self._resume)
 
     def _resume(self) -> None:
         self._paused = False
@@ -175,7 +200,7 @@ class ReplyReader(PubSubReader):
 
     def expect(self, count: int) -> asyncio.Future[list[Any]]:
         """A future of the next ``count`` replies (after those expected before)."""
-        future: asyncio.Future[list[Any]] = self.lost.get_loop().create_future()
+        future: asyncio.Future[list[Any]] = self._loop.create_future()
         if self.lost.done():
             future.set_exception(RedisConnectionError(f"connection lost: {self.lost.result()}"))
         else:

@@ -150,6 +150,98 @@ async def test_slow_streams_are_flushed_by_the_delay_in_order() -> None:
     )
 
 
+# -- one shared flush for every adapter of a process -----------------------------------------
+
+
+class TaskRecordingPublisher(RecordingPublisher):
+    """Records which task published each envelope; ``waits``: says it may wait."""
+
+    def __init__(self, waits: bool = False) -> None:
+        super().__init__()
+        self.tasks: list[asyncio.Task[Any] | None] = []
+        if waits:
+            self.never_waits = False  # type: ignore[misc]
+
+    async def broadcast(self, channel: str, envelope: Envelope) -> None:
+        self.tasks.append(asyncio.current_task())
+        await super().broadcast(channel, envelope)
+
+
+def _chunk(step: int = 1, text: str = "hi", complete: bool = False) -> Any:
+    from datetime import UTC, datetime
+
+    from agent_core import events as ev
+
+    return ev.StreamChunk(
+        agent_id="a",
+        execution_id="x-1",
+        occurred_at=datetime.now(UTC),
+        step_number=step,
+        text_delta=text,
+        chunk_index=0,
+        is_complete=complete,
+    )
+
+
+async def test_held_text_of_many_adapters_is_flushed_together_by_one_task() -> None:
+    """Adapters that began holding text at different moments are flushed by one timer,
+    in one task, one after the other (one batch for a buffered publisher)."""
+    publisher = TaskRecordingPublisher()
+    options = AdapterOptions(coalesce_seconds=0.02)
+    adapters = [AgentEventAdapter(publisher, f"s-{i}", "x-1", options=options) for i in range(5)]
+    for adapter in adapters:
+        await adapter.on_event(_chunk())
+        await asyncio.sleep(0.001)
+    assert publisher.records == []  # held
+    for _ in range(200):
+        if len(publisher.records) == 5:
+            break
+        await asyncio.sleep(0.01)
+    assert [ch for ch, _ in publisher.records] == [f"agent.s-{i}" for i in range(5)]
+    assert len(set(publisher.tasks)) == 1
+    assert publisher.tasks[0] is not asyncio.current_task()
+    for adapter in adapters:
+        await adapter.aclose()
+    assert len(publisher.records) == 5  # nothing held twice
+
+
+async def test_an_adapter_whose_publisher_may_wait_or_that_is_busy_is_flushed_alone() -> None:
+    """A publisher that may wait (one round trip per publication) would hold up every
+    other session's text: its adapter gets a flush task of its own; so does one whose
+    lock is held when the timer fires."""
+    buffered, waiting = TaskRecordingPublisher(), TaskRecordingPublisher(waits=True)
+    options = AdapterOptions(coalesce_seconds=0.02)
+    a = AgentEventAdapter(buffered, "s-a", "x-1", options=options)
+    b = AgentEventAdapter(buffered, "s-b", "x-1", options=options)
+    c = AgentEventAdapter(waiting, "s-c", "x-1", options=options)
+    busy = AgentEventAdapter(buffered, "s-busy", "x-1", options=options)
+    for adapter in (a, b, c, busy):
+        await adapter.on_event(_chunk())
+    async with busy._lock:
+        for _ in range(200):
+            if len(buffered.records) == 2 and waiting.records:
+                break
+            await asyncio.sleep(0.01)
+        assert [ch for ch, _ in buffered.records] == ["agent.s-a", "agent.s-b"]
+    assert [ch for ch, _ in waiting.records] == ["agent.s-c"]
+    assert waiting.tasks[0] not in buffered.tasks
+    for adapter in (a, b, c, busy):
+        await adapter.aclose()
+    assert [ch for ch, _ in buffered.records][-1] == "agent.s-busy"  # flushed once free
+    assert len(buffered.records) == 3
+
+
+async def test_text_flushed_by_its_adapter_first_is_not_flushed_again() -> None:
+    publisher = TaskRecordingPublisher()
+    adapter = AgentEventAdapter(publisher, "s-1", "x-1", options=AdapterOptions())
+    await adapter.on_event(_chunk(text="a"))
+    await adapter.on_event(_chunk(text="b", complete=True))  # flushes at once
+    await asyncio.sleep(0.08)  # past the delay: the shared timer was released
+    chunks = [e.payload for e in publisher.envelopes()]
+    assert [c.chunk for c in chunks] == ["ab"]  # type: ignore[union-attr]
+    assert [c.is_complete for c in chunks] == [True]  # type: ignore[union-attr]
+
+
 # -- large text: chunks within max_chunk_bytes ---------------------------------------------
 
 MIXED = 'plain ASCII, "quotes" \\ back\tslash\n, é ü ß, € ✓, 😀 🚀 𝄞, \x01\x1f ctrl; '

@@ -181,3 +181,32 @@ async def test_the_run_index_bench_lists_what_it_indexed() -> None:
     assert result["first_page_runs"] == 50
     assert result["failed_first_page_runs"] == 30  # one run in ten failed
     assert result["q_first_page_runs"] == 3  # one in a hundred
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_smallest_agentside_run_counts_both_sides_in_redis_history() -> None:
+    """A tiny 'agentside' run: the product's sessions and the bench's own publisher both
+    report their figures, and every envelope either side published is in its channel's
+    Redis history (nothing lost, nothing dropped)."""
+    _require_bench_packages()
+    argv = [sys.executable, "-m", "bench", "--scenarios", "agentside", "--servers", "broadcaster"]
+    argv += ["--agentside-sessions", "3", "--agentside-duration", "1", "--no-save"]
+    run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=110, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    results = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert [r["scenario"] for r in results] == ["agentside"], run.stdout
+    result = results[0]
+    for key in ("cpu_us_per_envelope", "floor_cpu_us_per_envelope", "floor_ratio"):
+        assert result[key] is not None, key
+    assert result["sessions_per_worker_core"] is not None
+    assert result["lost"] == 0
+    for side in ("product", "floor"):
+        figures = result[side]
+        assert figures["sessions"] == 3
+        assert figures["envelopes"] > 3 * 5  # status, step, chunks, tool, status per session
+        assert figures["in_history"] == figures["envelopes"]
+        assert figures["lost"] == 0
+    # The floor replays a product session: as many envelopes per session as it had.
+    assert result["floor"]["envelopes"] % 3 == 0
+    assert "(33) agent side: every envelope in its channel's history" in run.stdout
