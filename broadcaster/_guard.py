@@ -149,6 +149,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._address: str | None = None  # counted in slots while not None
         self._proxy: str | None = None  # the peer, when it is a trusted proxy
         self._head_timer: asyncio.TimerHandle | None = None
+        self._head_deadline: float | None = None  # while a request head is awaited
+        self._idle_deadline: float | None = None  # uvicorn's keep-alive, while idle
         self._in_head = False
         self._head_bytes = 0
         self._refused = False
@@ -223,7 +225,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._cancel_head_timer()
+        self._head_deadline = None  # the timer, if armed, finds nothing to do
         if self._proxy is not None and not self._admit_forwarded(self._proxy):
             return
         if not self._serve_natively():
@@ -232,25 +234,76 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         if self._proxy is not None:
             self._give_back()
-        super().on_response_complete()
+        # uvicorn's on_response_complete, with its keep-alive timeout as a deadline on
+        # the connection's one timer instead of a timer armed for every response.
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._idle_deadline = None
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        else:
+            self._idle_deadline = self.loop.time() + self.timeout_keep_alive
+            self._arm()
         if self._awaiting_head() and not self.transport.is_closing():
             self._expect_head()
 
+    def _unset_keepalive_if_required(self) -> None:
+        # uvicorn calls this on every read (and cancels a timer there).
+        self._idle_deadline = None
+
     def _expect_head(self) -> None:
-        self._cancel_head_timer()
-        self._head_timer = self.loop.call_later(self.header_timeout, self._head_overdue)
+        self._head_deadline = self.loop.time() + self.header_timeout
+        self._arm()
+
+    def _arm(self) -> None:
+        """Arm the connection's timer for its earliest deadline, unless it fires by then.
+
+        One timer per connection, not one per request: what ends a wait (bytes read,
+        a complete head) clears its deadline and leaves the timer armed; when it fires,
+        it moves to the earliest deadline set since, if any. (Each response sets later
+        deadlines than the ones before it, so the timer moves only when it fires, or
+        when the first keep-alive deadline comes before the first head's.)"""
+        deadlines = [d for d in (self._head_deadline, self._idle_deadline) if d is not None]
+        if not deadlines:
+            return
+        earliest = min(deadlines)
+        timer = self._head_timer
+        if timer is not None:
+            if timer.when() <= earliest:
+                return
+            timer.cancel()
+        self._head_timer = self.loop.call_at(earliest, self._overdue)
 
     def _cancel_head_timer(self) -> None:
+        self._head_deadline = self._idle_deadline = None
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+
+    def _overdue(self) -> None:
+        self._head_timer = None
+        now = self.loop.time()
+        idle = self._idle_deadline
+        if idle is not None and now >= idle:
+            # As uvicorn's timeout_keep_alive_handler: nothing came since the response.
+            self._idle_deadline = None
+            if not self.transport.is_closing():
+                self.transport.close()
+            return
+        head = self._head_deadline
+        if head is not None and now >= head:
+            self._head_deadline = None
+            self._head_overdue()
+        self._arm()
 
     def _awaiting_head(self) -> bool:
         idle = self.cycle is None or self.cycle.response_complete
         return idle and not self.pipeline and not self._upgraded
 
     def _head_overdue(self) -> None:
-        self._head_timer = None
         if self._awaiting_head() and not self.transport.is_closing():
             log.debug(
                 "closing %s: no complete request head in %g s", self.client, self.header_timeout
@@ -397,8 +450,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._write_native(SERVER_ERROR, native.keep_alive, close=True)
 
     def _write_native(self, answer: Answer, keep_alive: bool, *, close: bool) -> None:
-        head = _DEFAULT_HEADERS.lines(self.server_state.default_headers)
-        self.transport.write(_response(head, answer, keep_alive))
+        headers = self.server_state.default_headers
+        self.transport.write(_DEFAULT_HEADERS.response(headers, answer, keep_alive))
         if close:
             self.transport.close()
         self.on_response_complete()
@@ -427,6 +480,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _refuse(self, address: str) -> None:
         self._refused = True
+        self._cancel_head_timer()  # the timer closes the connection instead
         message = (
             f"too many connections from {address}: the limit is {self.slots.limit} open "
             "connections per client address (max_connections_per_ip); close some or "
@@ -486,21 +540,40 @@ class _NativeCycle:
 
 class _DefaultHeaders:
     """The header lines of uvicorn's ``default_headers`` (``date``, ``server``), joined
-    once per list: uvicorn replaces the list when the date changes."""
+    once per list (uvicorn replaces the list when the date changes), and the whole
+    successful answers written with them, built once per list."""
 
-    __slots__ = ("_lines", "_source")
+    __slots__ = ("_answers", "_lines", "_source")
 
     def __init__(self) -> None:
         self._source: list[tuple[bytes, bytes]] | None = None
         self._lines = b""
+        self._answers: dict[tuple[Answer, bool], bytes] = {}
 
     def lines(self, headers: list[tuple[bytes, bytes]]) -> bytes:
         if headers is not self._source:
             self._lines = b"".join(name + b": " + value + b"\r\n" for name, value in headers)
             self._source = headers
+            self._answers.clear()
         return self._lines
 
+    def response(
+        self, headers: list[tuple[bytes, bytes]], answer: Answer, keep_alive: bool
+    ) -> bytes:
+        """:func:`_response` of ``answer`` after ``headers``."""
+        head = self.lines(headers)
+        if answer.status != 200:  # a refusal: its body names the request
+            return _response(head, answer, keep_alive)
+        key = (answer, keep_alive)
+        known = self._answers.get(key)
+        if known is None:
+            if len(self._answers) >= _MOST_ANSWERS:
+                self._answers.clear()
+            known = self._answers[key] = _response(head, answer, keep_alive)
+        return known
 
+
+_MOST_ANSWERS = 64  # successful answers kept per second (a few batch sizes, keep-alive)
 _DEFAULT_HEADERS = _DefaultHeaders()
 _STATUS_LINES = {
     int(status): f"HTTP/1.1 {int(status)} {status.phrase}\r\n".encode() for status in HTTPStatus

@@ -62,7 +62,7 @@ from broadcaster.node import Node
 from broadcaster.publishers import STATE_TTL, BackendStateStore
 from broadcaster.sessions import SESSION_ID
 from broadcaster.settings import AppConfig
-from broadcaster.signing import verify_request
+from broadcaster.signing import verify_request, verify_sdk_query
 from broadcaster.transport import SERVER_ERROR, Answer
 
 __all__ = ["PublishFastPath", "api_routes"]
@@ -363,7 +363,9 @@ class PublishFastPath:
         """The answer to a whole request, or the publication it waits for: the
         signature (401/403), validation (400/413), then publication (503)."""
         try:
-            verify_request(app, "POST", path, _query(query), body, time.time())
+            now = time.time()
+            if not verify_sdk_query(app, "POST", path, query, body, now):
+                verify_request(app, "POST", path, _query(query), body, now)
             if route == _EVENTS:
                 return self._events(app, body)
             return self._batch(app, body)

@@ -190,6 +190,14 @@ def _json_object(body: bytes) -> dict[str, Any]:
 def _event(value: object, app: AppConfig, where: str) -> TriggerRequest:
     if not isinstance(value, dict):
         raise ApiError(400, f"{where}event must be a JSON object")
+    if len(value) == 3:  # the usual event: its name, data and one channel
+        name = value.get("name")
+        data = value.get("data")
+        channel = value.get("channel")
+        if type(name) is str and type(data) is str and type(channel) is str:
+            _check_name(name, app, where)
+            _check_data(data, app, where)
+            return TriggerRequest(name=name, data=data, channels=(_channel(channel, where),))
     body = _plain_event(value)
     if body is None:
         try:
@@ -262,6 +270,8 @@ def _check_name(name: str, app: AppConfig, where: str) -> None:
 
 
 def _check_data(data: str, app: AppConfig, where: str) -> None:
+    if len(data) * 4 <= app.max_event_data_size:
+        return  # at most 4 bytes per character in UTF-8
     size = len(data.encode("utf-8", "surrogatepass"))
     if size > app.max_event_data_size:
         raise ApiError(
@@ -289,11 +299,15 @@ def _channels(body: _Fields, app: AppConfig, where: str) -> tuple[str, ...]:
             f"{where}channels has {len(names)} channels; the limit is {app.max_event_channels}",
         )
     for name in names:
-        try:
-            validate_channel_name(name)
-        except ProtocolError as exc:
-            raise ApiError(400, f"{where}{exc.message}") from None
+        _channel(name, where)
     return tuple(dict.fromkeys(names))
+
+
+def _channel(name: str, where: str) -> str:
+    try:
+        return validate_channel_name(name)
+    except ProtocolError as exc:
+        raise ApiError(400, f"{where}{exc.message}") from None
 
 
 def _info(text: str | None, where: str) -> frozenset[str]:

@@ -12,6 +12,7 @@ synchronously, once per publication per node; it must not block.
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -67,8 +68,18 @@ publication that arrived already encoded: ``frame`` is its channel event exactly
 
 def new_epoch() -> str:
     """A random epoch: a channel's history that is created anew never resumes old
-    positions."""
-    return secrets.token_hex(4)
+    positions. Drawn from a pool of random bytes that one system call refills for
+    :data:`_EPOCH_POOL` epochs (a publish batch draws one; a child process after a fork
+    draws its own)."""
+    if not _epochs:
+        pool = secrets.token_hex(4 * _EPOCH_POOL)
+        _epochs.extend(pool[i : i + 8] for i in range(0, len(pool), 8))
+    return _epochs.pop()
+
+
+_EPOCH_POOL = 256
+_epochs: list[str] = []
+os.register_at_fork(after_in_child=_epochs.clear)
 
 
 def check_history_options(history_size: int, history_ttl: float, history_meta_ttl: float) -> None:

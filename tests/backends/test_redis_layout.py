@@ -4,10 +4,13 @@ layout``, ``codec``, ``scripts``): one hash-tagged layout for every topology."""
 from __future__ import annotations
 
 import orjson
+import pytest
 from redis.crc import key_slot
 
+from broadcaster.backends.base import new_epoch
 from broadcaster.backends.redis import codec, layout, scripts
-from broadcaster.backends.redis.publish import publish_script_args
+from broadcaster.backends.redis.publish import PublishPacker, publish_script_args
+from broadcaster.backends.redis.resp import pack_commands
 from broadcaster.protocol import channel_event
 from broadcaster.publication import Position, Publication
 
@@ -57,3 +60,38 @@ def test_the_scripts_read_no_key_they_do_not_declare() -> None:
         if isinstance(script, scripts.Script):
             assert "EXISTS" not in script.source, name
     assert '"}' not in scripts.PUBLISH.source
+
+
+def test_the_packer_packs_what_pack_commands_packs() -> None:
+    """PublishPacker's EVALSHA is byte for byte the packed publish_script_args command,
+    the channel's cached head included (each publication twice)."""
+    publications = [
+        Publication("app", "agent.s1", "agent.stream.chunk", '{"t":"\u00e9\\"x"}'),
+        Publication("app", "agent.s1", "ev", "d", exclude_socket_id="123.456"),
+        Publication("app", "presence-room", "client-ev", "{}", user_id="u1"),
+        Publication("other", "agent.s1", "ev", ""),
+    ]
+    for sharded in (False, True):
+        packer = PublishPacker("bc", 100, 300.0, 86_400.5, sharded=sharded)
+        for p in publications * 2:
+            keys, args = publish_script_args(
+                "bc", p, 100, 300.0, 86_400.5, "0a1b2c3d", sharded=sharded
+            )
+            expected = pack_commands([("EVALSHA", scripts.PUBLISH.sha, len(keys), *keys, *args)])
+            assert packer.evalsha(p, "0a1b2c3d") == expected
+
+
+@pytest.mark.parametrize("socket_id", ["", "1 2", "1\n2"])
+def test_the_packer_refuses_what_the_codec_refuses(socket_id: str) -> None:
+    p = Publication("app", "agent.s1", "ev", "d", exclude_socket_id=socket_id)
+    with pytest.raises(ValueError, match="socket id") as codec_error:
+        codec.script_payload(p)
+    with pytest.raises(ValueError, match="socket id") as packer_error:
+        PublishPacker("bc", 100, 300.0, 86_400.0).evalsha(p, "0a1b2c3d")
+    assert str(packer_error.value) == str(codec_error.value)
+
+
+def test_epochs_are_distinct_8_hex_digits() -> None:
+    epochs = [new_epoch() for _ in range(1000)]
+    assert len(set(epochs)) == len(epochs)
+    assert all(len(e) == 8 and int(e, 16) >= 0 for e in epochs)

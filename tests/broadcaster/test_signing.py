@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from urllib.parse import parse_qsl
 
 import pytest
 
@@ -34,6 +35,7 @@ from broadcaster.signing import (
     user_string_to_sign,
     verify_channel_auth,
     verify_request,
+    verify_sdk_query,
     verify_stream_auth,
     verify_user_auth,
 )
@@ -339,3 +341,69 @@ def test_a_session_token_is_signed_under_its_own_key() -> None:
     assert token == purpose_signature(SECRET, SESSION_TOKEN, "s1\nnonce")
     assert token != session_token(APP, "s1", "another claim")
     assert token != sign(SECRET, "demo-session:s1")  # the old token: a raw-secret HMAC
+
+
+# -- the SDK-shaped query, checked from its bytes ------------------------------------------
+
+
+def raw_query(query: dict[str, str]) -> bytes:
+    return "&".join(f"{k}={v}" for k, v in query.items()).encode()
+
+
+def test_the_worked_vector_verifies_from_its_raw_query() -> None:
+    assert verify_sdk_query(
+        APP, "POST", "/apps/3/events", raw_query(signed_query()), BODY, TIMESTAMP
+    )
+
+
+def _variants() -> list[tuple[bytes, bytes, float, AppConfig, bool]]:
+    """Valid, invalid and differently shaped requests around the worked vector, each
+    with whether its query has the SDKs' shape."""
+    good = signed_query()
+    disabled = AppConfig(id="3", key=KEY, secret=SECRET, enabled=False)
+    other_secret = AppConfig(id="3", key=KEY, secret="another")
+    reordered = {k: good[k] for k in ("auth_timestamp", "auth_key", "auth_version", "body_md5")}
+    sdk = raw_query(good)
+    cases: list[tuple[bytes, bytes, float, AppConfig, bool]] = [
+        (sdk, BODY, TIMESTAMP, APP, True),
+        (sdk, BODY, TIMESTAMP + 600, APP, True),
+        (sdk, BODY, TIMESTAMP - 601, APP, True),
+        (sdk, BODY + b" ", TIMESTAMP, APP, True),
+        (sdk, b"", TIMESTAMP, APP, True),
+        (sdk, BODY, TIMESTAMP, disabled, True),
+        (sdk, BODY, TIMESTAMP, other_secret, True),
+        (raw_query(signed_query(auth_key="other")), BODY, TIMESTAMP, APP, True),
+        (raw_query(signed_query(auth_signature="0" * 64)), BODY, TIMESTAMP, APP, True),
+        (raw_query({**reordered, "auth_signature": SIGNATURE}), BODY, TIMESTAMP, APP, False),
+        (sdk + b"&info=user_count", BODY, TIMESTAMP, APP, False),
+        (sdk.replace(b"auth_key", b"AUTH_KEY"), BODY, TIMESTAMP, APP, False),
+        (sdk.upper(), BODY, TIMESTAMP, APP, False),
+        (raw_query(signed_query(auth_key="278d%34")), BODY, TIMESTAMP, APP, False),
+        (raw_query(signed_query(auth_version="1.1")), BODY, TIMESTAMP, APP, False),
+        (raw_query(signed_query(auth_timestamp="0" * 21)), BODY, TIMESTAMP, APP, False),
+        (raw_query(signed_query(body_md5="<drop>")), BODY, TIMESTAMP, APP, True),
+        (raw_query(signed_query(auth_signature=SIGNATURE.upper())), BODY, TIMESTAMP, APP, False),
+        (sdk + b"&auth_signature=" + b"0" * 64, BODY, TIMESTAMP, APP, False),
+        (sdk + b"&", BODY, TIMESTAMP, APP, False),
+        (sdk.replace(b"278d", "27\u00e9".encode()), BODY, TIMESTAMP, APP, False),
+    ]
+    # Signed without a body: no body_md5.
+    params = signed_params(KEY, SECRET, "POST", "/apps/3/events", timestamp=TIMESTAMP)
+    cases.append((raw_query(params), b"", TIMESTAMP, APP, True))
+    cases.append((raw_query(params), BODY, TIMESTAMP, APP, True))
+    return cases
+
+
+@pytest.mark.parametrize(("query", "body", "now", "app", "sdk_shaped"), _variants())
+def test_the_raw_query_check_accepts_exactly_the_valid_sdk_shaped_requests(
+    query: bytes, body: bytes, now: float, app: AppConfig, sdk_shaped: bool
+) -> None:
+    # What the HTTP API does otherwise: the query decoded as Starlette decodes it.
+    parsed = dict(parse_qsl(query.decode("latin-1"), keep_blank_values=True))
+    try:
+        verify_request(app, "POST", "/apps/3/events", parsed, body, now)
+        valid = True
+    except ApiError:
+        valid = False
+    fast = verify_sdk_query(app, "POST", "/apps/3/events", query, body, now)
+    assert fast == (valid and sdk_shaped)

@@ -85,6 +85,18 @@ async def test_the_next_head_on_a_kept_alive_connection_has_a_deadline_too(
     assert answer.count(b"HTTP/1.1") == 1
 
 
+async def test_an_idle_kept_alive_connection_is_closed_after_uvicorn_s_keep_alive(
+    start_server: StartServer,
+) -> None:
+    """After an answer, a connection that sends nothing is closed at uvicorn's
+    keep-alive timeout (5 s), well before a head deadline of 60 s (the connection's
+    one timer moves to the earlier deadline); answer_to fails on its 20 s timeout if
+    it stays open."""
+    live = await start_server(header_timeout=60)
+    answers = await answer_to(live.url, b"GET /up HTTP/1.1\r\nHost: x\r\n\r\n" * 2)
+    assert answers.count(b"HTTP/1.1 200 ") == 2
+
+
 async def test_streams_and_websockets_outlive_the_head_deadline(
     start_server: StartServer,
 ) -> None:

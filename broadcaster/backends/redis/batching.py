@@ -40,6 +40,7 @@ from broadcaster.backends.redis.layout import (
     publication_channel,
 )
 from broadcaster.backends.redis.publish import (
+    PublishPacker,
     publish_script_args,
 )
 from broadcaster.backends.redis.resp import (
@@ -76,7 +77,7 @@ class Outbox(BackendCore):
                 published) or a command timed out (the publication may or may not have
                 gone out).
         """
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         done: asyncio.Future[Position | None] = loop.create_future()
         try:
             self._check_ready()
@@ -93,9 +94,15 @@ class Outbox(BackendCore):
             return  # the batch in flight sends the rest when it is answered
         batch, self._outbox = self._outbox, []
         self._publishing = True
-        task = asyncio.get_running_loop().create_task(self._publish_batch(batch))
+        task = self._running_loop().create_task(self._publish_batch(batch))
         self._sending.add(task)
         task.add_done_callback(self._batch_done)
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop: the one the backend started in while it runs, without
+        the getpid system call of ``asyncio.get_running_loop()`` (publish path)."""
+        loop = self._loop
+        return asyncio.get_running_loop() if loop is None or self._stopped else loop
 
     def _batch_done(self, task: asyncio.Task[None]) -> None:
         self._sending.discard(task)
@@ -133,8 +140,10 @@ class ConnectionBatches(Outbox):
     (packed commands, a :class:`~broadcaster.backends.redis.resp.ReplyReader`), with
     one deadline per batch."""
 
+    _packer: PublishPacker | None = None  # made at the first batch, with the options
+
     async def _publish_batch(self, batch: list[PendingPublication]) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         waits = self.wait_timeout if self.wait_replicas else 0.0
         self._batch_deadline = loop.time() + self.command_timeout + waits
         self._batch_expired = False
@@ -196,38 +205,38 @@ class ConnectionBatches(Outbox):
         in order), without a client, a pool or a pipeline object; its caller sets the
         deadline."""
         script = scripts.PUBLISH
-        calls: list[tuple[tuple[str, str], tuple[str | int | bytes, ...]] | None] = []
-        commands: list[tuple[str | int | bytes, ...]] = []
+        calls: list[Publication | None] = []
+        packed: list[bytes] = []  # one packed command each
         mixed = len({item.history for item in batch}) > 1
         if mixed:
             # A Redis without the script would run the plain PUBLISHes at once and
             # the scripted ones only when sent again: load it first to keep order.
-            commands.append(("SCRIPT", "LOAD", script.source))
-        # One epoch for the batch (a random draw is a system call): it only serves a
-        # channel that the batch creates, and a batch creates a channel once.
+            packed.append(pack_commands([("SCRIPT", "LOAD", script.source)]))
+        # One epoch for the batch (it only serves a channel that the batch creates, and
+        # a batch creates a channel once).
         epoch = new_epoch()
+        packer = self._packer
+        if packer is None:
+            packer = self._packer = PublishPacker(
+                self.prefix,
+                self.history_size,
+                self.history_ttl,
+                self.history_meta_ttl,
+                sharded=self._sharded,
+            )
         for item in batch:
             p = item.publication
             if item.history:
-                keys, args = publish_script_args(
-                    self.prefix,
-                    p,
-                    self.history_size,
-                    self.history_ttl,
-                    self.history_meta_ttl,
-                    epoch,
-                    sharded=self._sharded,
-                )
-                calls.append((keys, args))
-                commands.append(("EVALSHA", script.sha, len(keys), *keys, *args))
+                calls.append(p)
+                packed.append(packer.evalsha(p, epoch))
             else:
                 calls.append(None)
                 name = publication_channel(self.prefix, p.app_id, p.channel)
-                commands.append(("PUBLISH", name, encode_publication(p)))
+                packed.append(pack_commands([("PUBLISH", name, encode_publication(p))]))
         # The durable mode: WAIT on this connection confirms the writes sent before it.
         waits = bool(self.wait_replicas) and any(call is not None for call in calls)
         if waits:
-            commands.append(("WAIT", self.wait_replicas, ms(self.wait_timeout)))
+            packed.append(pack_commands([("WAIT", self.wait_replicas, ms(self.wait_timeout))]))
         if self._publisher is None:
             conn = self._new_publish_connection()
             try:
@@ -239,8 +248,8 @@ class ConnectionBatches(Outbox):
                 raise
             self._publisher = (conn, reader)
         reader = self._publisher[1]
-        waiter = reader.expect(len(commands))  # each command's error is its reply
-        reader.write(pack_commands(commands))
+        waiter = reader.expect(len(packed))  # each command's error is its reply
+        reader.write(b"".join(packed))
         self._batch_sent = True
         replies = await waiter
         if mixed:
@@ -249,8 +258,17 @@ class ConnectionBatches(Outbox):
         results: list[Any] = []
         for call, reply in zip(calls, replies, strict=True):
             if call is not None and isinstance(reply, NoScriptError):  # a restarted Redis
+                args = publish_script_args(
+                    self.prefix,
+                    call,
+                    self.history_size,
+                    self.history_ttl,
+                    self.history_meta_ttl,
+                    epoch,
+                    sharded=self._sharded,
+                )
                 try:
-                    reply = await self._eval(script, call, waits)
+                    reply = await self._eval(script, args, waits)
                 except _ERRORS as exc:
                     reply = exc
             if isinstance(reply, BaseException) or call is None:

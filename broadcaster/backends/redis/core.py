@@ -212,6 +212,7 @@ class BackendCore:
         self._suspect = asyncio.Event()
         self._ready = False
         self._stopped = True
+        self._loop: asyncio.AbstractEventLoop | None = None  # while started
         self._ever_connected = False
         self._on_publication: PublicationHandler | None = None
         self._on_control: ControlHandler | None = None
@@ -295,6 +296,9 @@ class BackendCore:
         self._on_publication = on_publication
         self._on_control = on_control
         self._on_encoded = on_encoded
+        # The loop it runs in, for the publish path (asyncio.get_running_loop() makes a
+        # getpid system call each time).
+        self._loop = asyncio.get_running_loop()
         self._stopped = False
         if not self.apps:
             log.warning("no apps given to the Redis backend: control messages won't arrive")

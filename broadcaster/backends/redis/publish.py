@@ -38,9 +38,10 @@ from broadcaster.backends.redis.layout import (
     value_key,
 )
 from broadcaster.backends.redis.resp import pack_commands, replies_on, round_trip
-from broadcaster.publication import FRAME_END, Position, Publication
+from broadcaster.publication import FRAME_END, FRAME_POSITION, Position, Publication, frame_head
 
 __all__ = [
+    "PublishPacker",
     "check_wait",
     "claim_via_redis",
     "publish_and_wait",
@@ -254,6 +255,76 @@ def publish_script_args(
     command = "SPUBLISH" if sharded else "PUBLISH"
     args = (name, before, history_size, ms(history_ttl), ms(history_meta_ttl))
     return keys, (*args, epoch or new_epoch(), after, FRAME_END, command)
+
+
+class PublishPacker:
+    """The publish script's ``EVALSHA`` commands, packed in the Redis protocol as
+    :func:`~broadcaster.backends.redis.resp.pack_commands` packs
+    ``("EVALSHA", sha, 2, *keys, *args)`` of :func:`publish_script_args` (the same
+    bytes), with what is the same for every publication of a channel (its keys, its
+    pub/sub channel, its routing header and the history options) packed once per
+    channel: a publication adds its epoch, its frame and the end."""
+
+    __slots__ = ("_heads", "_history", "_tail")
+
+    MAX_CHANNELS = 4096
+    """Channels whose packed head is kept (all are dropped when one more comes)."""
+
+    def __init__(
+        self,
+        prefix: str,
+        history_size: int,
+        history_ttl: float,
+        history_meta_ttl: float,
+        *,
+        sharded: bool = False,
+    ) -> None:
+        self._history = (prefix, history_size, history_ttl, history_meta_ttl)
+        self._tail = _bulk(FRAME_END) + _bulk(b"SPUBLISH" if sharded else b"PUBLISH")
+        self._heads: dict[tuple[str, str], bytes] = {}
+
+    def evalsha(self, publication: Publication, epoch: str) -> bytes:
+        """The packed ``EVALSHA`` of ``publication``; ``epoch`` for a new channel.
+
+        Raises:
+            ValueError: as :func:`~broadcaster.backends.redis.codec.encode_publication`.
+        """
+        p = publication
+        head = self._heads.get((p.app_id, p.channel))
+        if head is None:
+            head = self._head(p)
+        exclude = p.exclude_socket_id
+        if exclude is None:
+            routing = b" -\n"
+        elif not exclude or " " in exclude or "\n" in exclude:
+            why = f"cannot publish with the socket id {exclude!r}: empty or with a space"
+            raise ValueError(why)
+        else:
+            routing = b" %b\n" % exclude.encode()
+        frame = frame_head(p.event, p.channel, p.data, p.user_id)
+        after = b"%b%b%b" % (routing, frame, FRAME_POSITION)
+        return b"%b%b%b%b" % (head, _bulk(epoch.encode()), _bulk(after), self._tail)
+
+    def _head(self, p: Publication) -> bytes:
+        prefix, size, ttl, meta_ttl = self._history
+        keys, args = publish_script_args(prefix, p, size, ttl, meta_ttl, "-")
+        # Everything before the epoch: EVALSHA, the sha, the keys and the first args.
+        first = ("EVALSHA", scripts.PUBLISH.sha, len(keys), *keys, *args[:5])
+        head = b"*%d\r\n%b" % (len(first) + 4, b"".join(_bulk(_arg(a)) for a in first))
+        if len(self._heads) >= self.MAX_CHANNELS:
+            self._heads.clear()
+        self._heads[(p.app_id, p.channel)] = head
+        return head
+
+
+def _arg(value: str | int | bytes) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    return str(value).encode() if isinstance(value, int) else value.encode()
+
+
+def _bulk(value: bytes) -> bytes:
+    return b"$%d\r\n%b\r\n" % (len(value), value)
 
 
 async def publish_via_redis_cluster(
