@@ -249,6 +249,10 @@ class RunsFull(RunRefused):
 
 
 BUSY_RETRY_AFTER = 5.0
+ENDING_GRACE = 5.0
+"""Seconds a run start waits for the session's previous run to finish its last steps
+once that run's final state is stored: whoever saw its final ``agent.status`` may start
+the next run at once, and must not be told the session is busy."""
 """Seconds a client over its concurrency limit is told to wait (a run's end cannot be
 predicted)."""
 
@@ -392,6 +396,10 @@ class _Run:
     handle: RunHandle
     task: asyncio.Future[AgentState | None]
     client: str | None = None
+    # Its final state is stored (or its run returned): its final agent.status is on its
+    # way or out, and what is left (delivery, the run index, the claim) takes a few
+    # round trips.
+    ending: bool = False
 
 
 @dataclass
@@ -457,6 +465,11 @@ class RunManager:
                 cannot be made or read.
         """
         session_id = request.session_id or new_session_id()
+        previous = self._runs.get(session_id)
+        if previous is not None and previous.ending:
+            # Its final agent.status may have reached the caller already (it is published
+            # right after the state is stored); what is left of it takes milliseconds.
+            await asyncio.wait({previous.task}, timeout=ENDING_GRACE)
         self._admit(session_id, client)
         channel = self.channel_for_session(session_id)
         # Claim the session before awaiting, so two requests cannot both start it.
@@ -583,11 +596,15 @@ class RunManager:
         status is published."""
         runs = run_recorder(self.state_store)
         if runs is None:
-            return await self._execute(handle, request)
+            try:
+                return await self._execute(handle, request)
+            finally:
+                self._ending(handle)
         await runs.started(handle.channel, handle.execution_id, input_text=request.input)
         try:
             return await self._execute(handle, request)
         finally:
+            self._ending(handle)
             await _delivered(self.publisher)
             capability = self._capabilities.pop(handle.execution_id, None)
             await runs.ended(handle.channel, handle.execution_id, capability=capability)
@@ -668,7 +685,15 @@ class RunManager:
     async def _store(self, handle: RunHandle, state: AgentState) -> str:
         snapshot = self._serializer.serialize(state)
         await self.state_store.save(handle.channel, orjson.dumps(snapshot))
+        self._ending(handle)
         return self.state_url(handle.session_id)
+
+    def _ending(self, handle: RunHandle) -> None:
+        """The run of ``handle`` stored its final state, or returned: a start on its
+        session now waits for its end instead of being refused (:data:`ENDING_GRACE`)."""
+        run = self._runs.get(handle.session_id)
+        if run is not None and run.handle.execution_id == handle.execution_id:
+            run.ending = True
 
     # -- routed runs --------------------------------------------------------------------
 
@@ -728,6 +753,7 @@ class RunManager:
         try:
             snapshot = _routed_snapshot(state, context)
             await self.state_store.save(handle.channel, orjson.dumps(snapshot))
+            self._ending(handle)
         except Exception:
             logger.exception("could not store the final state of session %s", handle.session_id)
             return None
