@@ -559,18 +559,11 @@ class RedisPublisher(BufferedPublisher):
         published_positions(replies, wait, timeout)
 
     async def _round_trip(self, client: Redis, packed: bytes, count: int) -> list[Any]:
-        from broadcaster.backends.redis.resp import ReplyReader, take_over
+        from broadcaster.backends.redis.resp import connected_reply_reader
 
         if self._conn is None:
             conn: AbstractConnection = client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
-            try:
-                await conn.connect()  # type: ignore[no-untyped-call]
-                reader = ReplyReader()
-                take_over(conn, reader)
-            except BaseException:
-                await conn.disconnect(nowait=True)
-                raise
-            self._conn = (conn, reader)
+            self._conn = (conn, await connected_reply_reader(conn))
         conn, reader = self._conn
         waiter = reader.expect(count)
         try:

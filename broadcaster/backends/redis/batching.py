@@ -44,10 +44,9 @@ from broadcaster.backends.redis.publish import (
     publish_script_args,
 )
 from broadcaster.backends.redis.resp import (
-    ReplyReader,
+    connected_reply_reader,
     pack_commands,
     round_trip,
-    take_over,
 )
 from broadcaster.publication import Position, Publication
 
@@ -239,14 +238,7 @@ class ConnectionBatches(Outbox):
             packed.append(pack_commands([("WAIT", self.wait_replicas, ms(self.wait_timeout))]))
         if self._publisher is None:
             conn = self._new_publish_connection()
-            try:
-                await conn.connect()  # type: ignore[no-untyped-call]
-                reader = ReplyReader()
-                take_over(conn, reader)
-            except BaseException:
-                await conn.disconnect(nowait=True)
-                raise
-            self._publisher = (conn, reader)
+            self._publisher = (conn, await connected_reply_reader(conn))
         reader = self._publisher[1]
         waiter = reader.expect(len(packed))  # each command's error is its reply
         reader.write(b"".join(packed))

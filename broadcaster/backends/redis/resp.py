@@ -253,6 +253,19 @@ class ReplyReader(PubSubReader):
                 future.set_exception(RedisConnectionError(f"connection lost: {exc}"))
 
 
+async def connected_reply_reader(conn: AbstractConnection) -> ReplyReader:
+    """Connect ``conn`` and make a new :class:`ReplyReader` read it (:func:`take_over`);
+    ``conn`` is disconnected if either fails."""
+    try:
+        await conn.connect()  # type: ignore[no-untyped-call]
+        reader = ReplyReader()
+        take_over(conn, reader)
+    except BaseException:
+        await conn.disconnect(nowait=True)
+        raise
+    return reader
+
+
 def take_over(conn: AbstractConnection, reader: PubSubReader) -> None:
     """Make ``reader`` read the connected redis-py connection ``conn`` (its writes still
     go through redis-py). Call it before sending anything whose reply is awaited.
