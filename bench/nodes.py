@@ -51,7 +51,16 @@ from bench._proc import REPO, Child, cpu_seconds, raise_fd_limit, rss_bytes
 from bench._redis import PrivateRedis
 from bench.agents import emitter_packet
 from bench.envelope import EVENT, envelope
-from bench.scenarios import Meter, Sizes, _close, _other, _per, _source_addresses
+from bench.scenarios import (
+    Meter,
+    Sizes,
+    _close,
+    _drain,
+    _other,
+    _per,
+    _received,
+    _source_addresses,
+)
 from bench.servers import APP, RunningServer, ServerSpec, start_server
 from broadcaster.backends.base import DEFAULT_REDIS_PREFIX
 
@@ -295,23 +304,6 @@ async def _start_gens(
     return gens
 
 
-def _received(gens: Sequence[Child]) -> int:
-    return sum(g.received for g in gens)
-
-
-async def _until(gens: Sequence[Child], expected: int, quiet: float = 10) -> None:
-    """Until the load generators counted ``expected`` messages in all, or ``quiet``
-    seconds passed without one."""
-    loop = asyncio.get_running_loop()
-    last, since = -1, loop.time()
-    while (received := _received(gens)) < expected:
-        if received != last:
-            last, since = received, loop.time()
-        elif loop.time() - since > quiet:
-            return
-        await asyncio.sleep(0.002)
-
-
 def _add(total: dict[str, float], part: dict[str, float]) -> None:
     for key, value in part.items():
         total[key] = total.get(key, 0.0) + value
@@ -332,7 +324,7 @@ async def _broadcasts(
         meter.start()
         await publish.many([(SHARED, envelope(SHARED, seq))])
         expected += n
-        await _until(gens, expected)
+        await _drain(gens, expected, quiet=10)
         seconds, used = meter.stop()
         wall += seconds
         _add(cpu, used)
@@ -354,7 +346,7 @@ async def _privates(
             for i in range(first, min(n, first + 1000))
         ]
         await publish.many(items)
-    await _until(gens, expected)
+    await _drain(gens, expected, quiet=10)
     wall, cpu = meter.stop()
     return {"wall": wall, "cpu": cpu}
 
