@@ -495,29 +495,25 @@ def _why(run: FrameworkRun, stop_reason: str | None) -> tuple[_Said, str]:
 
 def _trace(run: FrameworkRun, step: StepRecord) -> env.ContinuationPayload:
     decision = _decision_dict(run, step)
-    said, reason = _why(run, decision["stop_reason"])
-    return env.ContinuationPayload(
-        step_number=step.step_number,
-        should_continue=decision["should_continue"],
-        stop_reason=decision["stop_reason"],
-        resolved_by=run.framework,
-        evaluations=[
-            env.ContinuationEvaluationPayload(
-                criterion=run.framework,
-                decision=said,
-                reason=reason,
-                stop_reason=decision["stop_reason"],
-            )
-        ],
+    return _continuation(
+        run, step.step_number, decision["should_continue"], decision["stop_reason"]
     )
 
 
 def _stop_trace(run: FrameworkRun, stop_reason: str) -> env.ContinuationPayload:
     """The continuation of a run that stopped before its first step (step 0)."""
+    return _continuation(run, 0, False, stop_reason)
+
+
+def _continuation(
+    run: FrameworkRun, step_number: int, should_continue: bool, stop_reason: str | None
+) -> env.ContinuationPayload:
+    """The framework's decision after ``step_number``, as the one evaluation that
+    resolved it."""
     said, reason = _why(run, stop_reason)
     return env.ContinuationPayload(
-        step_number=0,
-        should_continue=False,
+        step_number=step_number,
+        should_continue=should_continue,
         stop_reason=stop_reason,
         resolved_by=run.framework,
         evaluations=[
