@@ -28,7 +28,7 @@ from broadcaster.backends.redis import scripts
 from broadcaster.backends.redis.codec import (
     encode_publication,
     ms,
-    position_of,
+    publish_result,
 )
 from broadcaster.backends.redis.core import (
     ERRORS,
@@ -263,10 +263,7 @@ class ConnectionBatches(Outbox):
                     reply = await self._eval(script, args, waits)
                 except _ERRORS as exc:
                     reply = exc
-            if isinstance(reply, BaseException) or call is None:
-                results.append(reply if isinstance(reply, BaseException) else None)
-            else:
-                results.append(position_of(reply))
+            results.append(publish_result(reply, call is not None))
         if waits:
             results = self._unreplicated(calls, results, kept)
         return results

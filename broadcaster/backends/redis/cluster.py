@@ -48,7 +48,7 @@ from broadcaster.backends.base import NotReplicated
 from broadcaster.backends.redis import scripts
 from broadcaster.backends.redis.batching import Outbox
 from broadcaster.backends.redis.clients import cluster_client
-from broadcaster.backends.redis.codec import encode_publication, position_of
+from broadcaster.backends.redis.codec import encode_publication, publish_result
 from broadcaster.backends.redis.core import ERRORS, PendingPublication
 from broadcaster.backends.redis.layout import publication_channel
 from broadcaster.backends.redis.liveness import Liveness
@@ -502,10 +502,7 @@ class ShardBatches(Outbox):
                     reply = await self._cluster.eval(script.source, 2, *call[0], *call[1])
                 except _ERRORS as exc:
                     reply = exc
-            if isinstance(reply, BaseException) or call is None:
-                results.append(reply if isinstance(reply, BaseException) else None)
-            else:
-                results.append(position_of(reply))
+            results.append(publish_result(reply, call is not None))
         return results
 
     async def _durable(self, calls: list[Call | None]) -> dict[int, Any]:

@@ -33,6 +33,7 @@ __all__ = [
     "encode_publication",
     "ms",
     "position_of",
+    "publish_result",
     "script_payload",
     "split_payload",
     "text",
@@ -135,6 +136,14 @@ def position_of(reply: Any) -> Position:
     """The position a publish script returned (``{offset, epoch}``)."""
     offset, epoch = reply
     return Position(int(offset), text(epoch))
+
+
+def publish_result(reply: Any, scripted: bool) -> Position | BaseException | None:
+    """What a publication's reply in a batch means: its error, its position (the publish
+    script's reply), or None (a plain ``PUBLISH``, kept in no history)."""
+    if isinstance(reply, BaseException):
+        return reply
+    return position_of(reply) if scripted else None
 
 
 def ms(seconds: float) -> int:
