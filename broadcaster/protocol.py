@@ -840,25 +840,10 @@ def signin_success(user_data: str) -> bytes:
     return _frame("pusher:signin_success", {"user_data": user_data})
 
 
-def channel_event(
-    event: str,
-    channel: str,
-    data: str,
-    user_id: str | None = None,
-    position: Position | str | None = None,
-) -> bytes:
-    """A channel event ``{"event", "channel", "data"}``, encoded once for every
-    subscriber.
-
-    Args:
-        event: the event name.
-        channel: the channel.
-        data: the event data, already text (sent as is, as Pusher does).
-        user_id: the sender of a client event on a presence channel.
-        position: our extension: where the event sits in the channel's history.
-    """
-    # Joined from parts: already an exact allocation (see :func:`exact`).
-    return channel_event_frame(event, channel, data, user_id, position)
+channel_event = channel_event_frame
+"""A channel event, encoded once for every subscriber: the frame has one home,
+:func:`broadcaster.publication.channel_event_frame` (here under the name the rest of
+the protocol uses)."""
 
 
 def channel_event_publication(

@@ -147,8 +147,15 @@ def channel_event_frame(
     user_id: str | None = None,
     position: Position | str | None = None,
 ) -> bytes:
-    """A channel event ``{"event", "channel", "data"[, "user_id"][, "position"]}`` (the
-    position is our extension: where the event sits in the channel's history)."""
+    """A channel event ``{"event", "channel", "data"[, "user_id"][, "position"]}``.
+
+    Args:
+        event: the event name.
+        channel: the channel.
+        data: the event data, already text (sent as is, as Pusher does).
+        user_id: the sender of a client event on a presence channel.
+        position: our extension: where the event sits in the channel's history.
+    """
     head = frame_head(event, channel, data, user_id)
     if position is None:
         return head + b"}"
