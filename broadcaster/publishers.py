@@ -533,30 +533,16 @@ class RedisPublisher(BufferedPublisher):
         :class:`~broadcaster.backends.redis.resp.ReplyReader`: no pool checkout, and no
         coroutine, await or timer per reply, only one per round trip. A connection
         that fails or times out is closed; the next round trip opens a new one."""
-        from redis.exceptions import NoScriptError
+        from broadcaster.backends.redis.publish import publish_many_with
 
-        from broadcaster.backends.redis import scripts
-        from broadcaster.backends.redis.publish import (
-            check_wait,
-            publish_commands,
-            published_positions,
+        await publish_many_with(
+            lambda packed, replies: self._round_trip(client, packed, replies),
+            client,
+            self._prefix,
+            publications,
+            wait_replicas=self._wait_replicas,
+            wait_timeout=self._wait_timeout,
         )
-        from broadcaster.backends.redis.resp import pack_commands
-
-        wait, timeout = self._wait_replicas, self._wait_timeout
-        check_wait(wait, timeout)
-        commands = publish_commands(
-            self._prefix, publications, wait_replicas=wait, wait_timeout=timeout
-        )
-        packed = pack_commands(commands)
-        for attempt in (1, 2):
-            replies = await self._round_trip(client, packed, len(commands))
-            if attempt == 1 and isinstance(replies[0], NoScriptError):
-                # A restarted or flushed Redis: nothing ran (every call is the same script).
-                await client.script_load(scripts.PUBLISH.source)
-                continue
-            break
-        published_positions(replies, wait, timeout)
 
     async def _round_trip(self, client: Redis, packed: bytes, count: int) -> list[Any]:
         from broadcaster.backends.redis.resp import connected_reply_reader

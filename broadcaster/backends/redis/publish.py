@@ -10,7 +10,7 @@ or ``SPUBLISH``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
 from redis.asyncio import Redis
@@ -47,6 +47,7 @@ __all__ = [
     "publish_and_wait",
     "publish_commands",
     "publish_many_via_redis",
+    "publish_many_with",
     "publish_script_args",
     "publish_via_redis",
     "publish_via_redis_cluster",
@@ -157,6 +158,35 @@ async def publish_many_via_redis(
         broadcaster.backends.base.NotReplicated: fewer than ``wait_replicas`` replicas
             confirmed the batch in time.
     """
+    return await publish_many_with(
+        lambda packed, replies: round_trip(client, packed, replies, wait_timeout),
+        client,
+        prefix,
+        publications,
+        history_size=history_size,
+        history_ttl=history_ttl,
+        history_meta_ttl=history_meta_ttl,
+        wait_replicas=wait_replicas,
+        wait_timeout=wait_timeout,
+    )
+
+
+async def publish_many_with(
+    send: Callable[[bytes, int], Awaitable[list[Any]]],
+    client: Redis,
+    prefix: str,
+    publications: Sequence[Publication],
+    *,
+    history_size: int = DEFAULT_HISTORY_SIZE,
+    history_ttl: float = DEFAULT_HISTORY_TTL,
+    history_meta_ttl: float = DEFAULT_HISTORY_META_TTL,
+    wait_replicas: int = 0,
+    wait_timeout: float = 1.0,
+) -> list[Position]:
+    """:func:`publish_many_via_redis` with the round trip made by ``send(packed,
+    replies)`` (the replies to the packed commands, each command's error as its reply),
+    e.g. on a connection of the caller's own; ``client`` loads the script into a Redis
+    that lacks it."""
     check_wait(wait_replicas, wait_timeout)
     if not publications:
         return []
@@ -169,11 +199,11 @@ async def publish_many_via_redis(
         wait_replicas=wait_replicas,
         wait_timeout=wait_timeout,
     )
-    # The commands are packed by hiredis and sent on a pooled connection as one write
-    # (redis-py's pipeline costs several times more per command).
+    # The commands are packed by hiredis and sent as one write (redis-py's pipeline
+    # costs several times more per command).
     packed = pack_commands(commands)
     for attempt in (1, 2):
-        results = await round_trip(client, packed, len(commands), wait_timeout)
+        results = await send(packed, len(commands))
         if attempt == 1 and isinstance(results[0], NoScriptError):
             # A restarted or flushed Redis: nothing ran (every call is the same script).
             await client.script_load(scripts.PUBLISH.source)
