@@ -236,6 +236,10 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
     def closing(self) -> bool:
         return self.close_sent or self.disconnected or self.transport.is_closing()
 
+    # A direct route (broadcaster._routes) may write frames to ``transport`` itself,
+    # after the checks of ``write``: ``close_sent``, ``disconnected``, ``is_closing()``.
+    direct_routes = True
+
     def write(self, data: bytes) -> None:
         # self.closing, inlined: one write per message and connection goes through here.
         transport = self.transport

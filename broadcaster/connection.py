@@ -157,6 +157,17 @@ class Connection:
     def is_open(self) -> bool:
         return self.state is ConnectionState.OPEN
 
+    @property
+    def raw(self) -> RawSocket | None:
+        """The socket of a fast-path connection (None for a queued one)."""
+        return self._raw
+
+    @property
+    def buffer_limit(self) -> int:
+        """Unsent bytes past which the connection is a slow consumer
+        (``max_buffer_bytes``)."""
+        return self._delivery.max_buffer_bytes
+
     def send(self, message: PreparedMessage) -> None:
         """Queue ``message``; closes the connection (4100) if that would overflow it."""
         if self.state is not ConnectionState.OPEN:

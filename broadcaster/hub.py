@@ -49,11 +49,12 @@ from dataclasses import dataclass, field
 
 from broadcaster import protocol
 from broadcaster._frames import PreparedMessage
+from broadcaster._routes import Route, RouteTable
 from broadcaster.backends.base import Backend, BackendUnavailable, HistoryResult
 from broadcaster.codes import ErrorCode
-from broadcaster.connection import Connection
+from broadcaster.connection import Connection, ConnectionState
 from broadcaster.metrics import Metrics
-from broadcaster.publication import Position, Publication
+from broadcaster.publication import Position, Publication, make_position
 
 __all__ = ["Hub", "Resumed", "encode"]
 
@@ -108,9 +109,9 @@ class _Channel:
     ready: asyncio.Future[None] | None = None
     # The last position delivered here, and the last one received live (pub/sub): a
     # live one between the two is a copy of what the history gave, one at or before
-    # ``live`` means the store went back.
-    last: Position | None = None
-    live: Position | None = None
+    # ``live`` means the store went back (properties: ``route`` holds both while set).
+    _last: Position | None = None
+    _live: Position | None = None
     # Before anything was delivered here (``last`` None): the top of the channel's
     # history that a resume read after the backend subscription was made. What comes
     # after it reaches this node live, so it is a baseline for gaps and doubts (not for
@@ -126,6 +127,45 @@ class _Channel:
     # taken publications (a failover it followed): until the same epoch goes on, a new
     # epoch cannot prove that the old one ended at ``last``.
     doubt: bool = False
+    # The direct route of the channel's only subscriber (see broadcaster._routes), while
+    # attached: it advances the position with each publication it delivers.
+    route: Route | None = None
+
+    @property
+    def last(self) -> Position | None:
+        route = self.route
+        if route is not None:
+            return make_position(route.offset, route.epoch.decode())
+        return self._last
+
+    @last.setter
+    def last(self, position: Position | None) -> None:
+        self.detach()
+        self._last = position
+
+    @property
+    def live(self) -> Position | None:
+        route = self.route
+        if route is not None:  # ``last`` and ``live`` are equal while a route is attached
+            return make_position(route.offset, route.epoch.decode())
+        return self._live
+
+    @live.setter
+    def live(self, position: Position | None) -> None:
+        self.detach()
+        self._live = position
+
+    def detach(self) -> None:
+        """Take the direct route out of its table: from now on every publication takes
+        the full path (call it before any change to the channel's state)."""
+        route = self.route
+        if route is None:
+            return
+        self.route = None
+        self._last = self._live = make_position(route.offset, route.epoch.decode())
+        routes = route.table.routes
+        if routes.get(route.name) is route:
+            del routes[route.name]
 
     def since(self) -> Position | None:
         """Where this node's knowledge of the channel's stream ends: the last position
@@ -167,6 +207,10 @@ class Hub:
         self._tick_publications = 0
         self._fills: set[asyncio.Task[None]] = set()
         self._breaks = backend.breaks  # the backend's breaks already marked
+        # A backend whose pub/sub reader takes direct routes (broadcaster._routes).
+        self._routes: RouteTable | None = getattr(backend, "routes", None)
+        if self._routes is not None:
+            self._routes.on_delivered = self._delivered_directly
 
     def subscriber_count(self, app_id: str, channel: str) -> int:
         """Local connections subscribed to ``channel``."""
@@ -194,6 +238,7 @@ class Hub:
             entry.subscribers[conn] = recovery
             await self._subscribe_backend(key, entry)
         else:
+            entry.detach()
             entry.subscribers[conn] = recovery
             if entry.ready is not None:
                 await asyncio.shield(entry.ready)
@@ -304,6 +349,7 @@ class Hub:
         recovery = None if entry is None else entry.subscribers.get(conn)
         if entry is None or not isinstance(recovery, _Recovery):
             return
+        entry.detach()
         for publication, message in recovery.held or ():
             position = publication.position
             if position is not None:
@@ -321,14 +367,16 @@ class Hub:
         unsubscribed when the last local subscriber leaves."""
         key = (conn.app.id, channel)
         entry = self._channels.get(key)
-        if entry is None or entry.subscribers.pop(conn, _MISSING) is _MISSING:
+        if entry is None or conn not in entry.subscribers:
             return False
+        entry.detach()
+        del entry.subscribers[conn]
         if not entry.subscribers and entry.ready is None:
             await asyncio.shield(self._leave(key))
         return True
 
     def _leave(self, key: _Key) -> asyncio.Task[None]:
-        del self._channels[key]
+        self._channels.pop(key).detach()
         task = asyncio.get_running_loop().create_task(self._unsubscribe_backend(key))
         self._leaving[key] = task
         return task
@@ -399,6 +447,8 @@ class Hub:
             if conn.socket_id != exclude_socket_id:
                 conn.send(message)
                 sent += 1
+        if sent == 1 and entry.route is None and position is not None and len(subscribers) == 1:
+            self._attach(key, entry, conn, position)
         # _delivered(sent), inlined: this runs once per publication.
         metrics = self._metrics
         metrics.publications += 1
@@ -467,6 +517,7 @@ class Hub:
             position,
             live,
         )
+        entry.detach()
         for conn, state in entry.subscribers.items():
             if isinstance(state, _Seam):  # its seam is meaningless now: take every one
                 entry.subscribers[conn] = None
@@ -531,6 +582,7 @@ class Hub:
         every channel with a position in doubt (see ``_Channel.doubt``)."""
         self._breaks = self._backend.breaks
         for entry in self._channels.values():
+            entry.detach()
             if entry.since() is not None:
                 entry.doubt = True
 
@@ -564,6 +616,7 @@ class Hub:
         if since == filled:
             self._lost(key, entry, f"publications after {since} are missing from the history")
             return False
+        entry.detach()
         entry.filling, entry.held_bytes, entry.shed = [], 0, False
         if first is not None:
             self._hold(entry, first)
@@ -698,6 +751,41 @@ class Hub:
         entry.doubt = False
         for conn in list(entry.subscribers):
             conn.close(ErrorCode.OVER_CAPACITY, "missed publications: reconnect and resume")
+
+    def _attach(self, key: _Key, entry: _Channel, conn: Connection, position: Position) -> None:
+        """Give the channel a direct route to ``conn``, its only subscriber, which was
+        just sent ``position`` live by the fast path of :meth:`deliver_encoded` (so
+        nothing is resuming, filling or in doubt on it)."""
+        table = self._routes
+        raw = conn.raw
+        if table is None or raw is None or not getattr(raw, "direct_routes", False):
+            return  # a queued (ASGI) connection, or a socket a route cannot write to
+        if conn.state is not ConnectionState.OPEN:
+            return
+        route = Route(
+            table,
+            table.name_of(*key),
+            conn,
+            raw,
+            table.head_of(*key),
+            position.epoch.encode(),
+            position.offset,
+            conn.buffer_limit,
+            ConnectionState.OPEN,
+        )
+        if route.name in table.routes:
+            return  # (a stale route of another entry: that one detaches it)
+        table.routes[route.name] = route
+        entry.route = route
+
+    def _delivered_directly(self, count: int, started: float) -> None:
+        """Count ``count`` publications that direct routes delivered in a read that
+        began at ``started`` (``perf_counter``): written then, so their send latency is
+        the read's."""
+        metrics = self._metrics
+        metrics.publications += count
+        metrics.messages_out += count
+        metrics.send_latency.observe(time.perf_counter() - started, count)
 
     def _delivered(self, sent: int) -> None:
         """Count a publication fanned out to ``sent`` connections in this tick (whose

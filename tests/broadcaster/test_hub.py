@@ -11,8 +11,13 @@ from collections.abc import Iterator
 
 import pytest
 
+from broadcaster import _routes as routes
+from broadcaster import hub as hub_module
 from broadcaster import protocol
 from broadcaster.backends.base import BackendUnavailable, HistoryResult
+from broadcaster.backends.redis import resp
+from broadcaster.backends.redis.codec import route_head, split_payload
+from broadcaster.backends.redis.resp import PubSubReader
 from broadcaster.connection import Delivery
 from broadcaster.hub import Hub, Resumed
 from broadcaster.metrics import Metrics
@@ -24,6 +29,7 @@ from tests.support.hub import (
     publication,
     recording_connection,
     tick,
+    with_routes,
 )
 
 CH = "agent.run"
@@ -41,19 +47,60 @@ class EncodedHub(Hub):
         self.deliver_encoded(p.app_id, p.channel, p.position, p.exclude_socket_id, frame)
 
 
+class RoutedHub(Hub):
+    """Takes every live publication as the Redis backend's pub/sub reader does: a
+    ``message`` push read by a :class:`PubSubReader` that tries the direct routes first
+    (:mod:`broadcaster._routes`), then the hub's encoded path."""
+
+    _reader: PubSubReader | None = None
+
+    def deliver(self, publication: Publication) -> None:
+        p = publication
+        table = self._routes
+        assert table is not None  # made with a RoutedBackend
+        if self._reader is None:
+            self._reader = PubSubReader(
+                lambda reply: None,
+                on_message=lambda data: self.deliver_encoded(*split_payload(data)),
+                routes=table,
+            )
+        position = None if p.position is None else str(p.position)
+        frame = protocol.channel_event(p.event, p.channel, p.data, p.user_id, position)
+        offset, epoch = (
+            (b"-", b"-")
+            if p.position is None
+            else (
+                str(p.position.offset).encode(),
+                p.position.epoch.encode(),
+            )
+        )
+        exclude = (p.exclude_socket_id or "-").encode()
+        payload = route_head(p.app_id, p.channel) + b" ".join((offset, epoch, exclude))
+        push = (b"message", table.name_of(p.app_id, p.channel), payload + b"\n" + frame)
+        self._reader.data_received(resp.pack_commands([push]))  # a RESP2 push is an array
+
+
 _hub_class: type[Hub] = Hub
 
 
-@pytest.fixture(autouse=True, params=["objects", "encoded"])
-def delivery_kind(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Every test runs with publications delivered as objects and as encoded frames."""
+@pytest.fixture(autouse=True, params=["objects", "encoded", "routed", "routed-python"])
+def delivery_kind(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """Every test runs with publications delivered as objects, as encoded frames, and
+    read from pub/sub pushes with direct routes (compiled, and their Python definition)."""
     global _hub_class
-    _hub_class = EncodedHub if request.param == "encoded" else Hub
+    _hub_class = {"objects": Hub, "encoded": EncodedHub}.get(request.param, RoutedHub)
+    if request.param == "routed-python":
+        monkeypatch.setattr(resp, "deliver", routes.py_deliver)
+        monkeypatch.setattr(hub_module, "Route", routes.PyRoute)
     yield
     _hub_class = Hub
 
 
 def make_hub(backend: ScriptedBackend, **options: int) -> Hub:
+    if _hub_class is RoutedHub:
+        backend = with_routes(backend)
     return _hub_class(backend, Metrics(), **options)  # type: ignore[arg-type]
 
 

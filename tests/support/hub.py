@@ -8,7 +8,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from broadcaster._routes import RouteTable
 from broadcaster.backends.base import BackendUnavailable, HistoryResult
+from broadcaster.backends.redis.codec import route_head
 from broadcaster.connection import Connection, Delivery
 from broadcaster.publication import Position, Publication
 from broadcaster.settings import AppConfig
@@ -82,16 +84,25 @@ class ScriptedBackend:
 
 
 class RecordingSocket:
-    """A :class:`~broadcaster.transport.RawSocket` that keeps what is written to it."""
+    """A :class:`~broadcaster.transport.RawSocket` that keeps what is written to it (also
+    what a direct route writes to its ``transport``, see :mod:`broadcaster._routes`)."""
+
+    direct_routes = True
 
     def __init__(self) -> None:
         self.written = bytearray()
         self.backlog = 0  # bytes the "kernel" has not taken yet
         self.closed_with: int | None = None
         self.close_reason = ""
+        self.disconnected = False
+        self.transport = RecordingTransport(self)
 
     @property
     def closing(self) -> bool:
+        return self.closed_with is not None
+
+    @property
+    def close_sent(self) -> bool:
         return self.closed_with is not None
 
     def write(self, data: bytes) -> None:
@@ -121,6 +132,54 @@ class RecordingSocket:
     def offsets(self) -> list[int]:
         """The ``n`` of every channel event received (see :func:`publication`)."""
         return [json.loads(m["data"])["n"] for m in self.messages() if m["event"] == "step"]
+
+
+class RecordingTransport:
+    """The transport of a :class:`RecordingSocket`: what a direct route writes to."""
+
+    def __init__(self, socket: RecordingSocket) -> None:
+        self.socket = socket
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.socket.written += data
+
+    def get_write_buffer_size(self) -> int:
+        return self.socket.backlog
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+
+class _Routed:
+    """What :func:`with_routes` adds to a scripted backend."""
+
+    routes: RouteTable
+    _breaks = 0
+
+    @staticmethod
+    def name_of(app_id: str, channel: str) -> bytes:
+        return f"pub:{app_id}:{channel}".encode()
+
+    @property
+    def breaks(self) -> int:
+        return self._breaks
+
+    @breaks.setter
+    def breaks(self, value: int) -> None:
+        self._breaks = value
+        self.routes.clear()
+
+
+def with_routes(backend: ScriptedBackend) -> ScriptedBackend:
+    """``backend`` (of any scripted class) with a route table for its pub/sub reader, as
+    the Redis backend has: a break drops every route."""
+    breaks = backend.breaks
+    backend.__class__ = type(f"Routed{type(backend).__name__}", (_Routed, type(backend)), {})
+    routed: Any = backend
+    routed.routes = RouteTable(_Routed.name_of, route_head)
+    routed._breaks = breaks
+    return backend
 
 
 def recording_connection(

@@ -34,6 +34,7 @@ __all__ = [
     "ms",
     "position_of",
     "publish_result",
+    "route_head",
     "script_payload",
     "split_payload",
     "text",
@@ -80,6 +81,12 @@ def _routing(p: Publication) -> tuple[bytes, bytes]:
 
 def _head(p: Publication) -> bytes:
     return frame_head(p.event, p.channel, p.data, p.user_id)
+
+
+def route_head(app_id: str, channel: str) -> bytes:
+    """What every payload of ``app_id``'s ``channel`` starts with (``2 <app_id>
+    <channel> ``): a direct route (:mod:`broadcaster._routes`) checks it."""
+    return b"%d %b %b " % (FORMAT_VERSION, app_id.encode(), channel.encode())
 
 
 def split_payload(payload: bytes) -> tuple[str, str, Position | None, str | None, bytes]:

@@ -31,6 +31,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from broadcaster._routes import RouteTable
 from broadcaster.backends._runs import RedisRunIndex
 from broadcaster.backends.base import (
     DEFAULT_HISTORY_META_TTL,
@@ -49,6 +50,7 @@ from broadcaster.backends.redis import scripts
 from broadcaster.backends.redis.codec import (
     decode_publication,
     ms,
+    route_head,
     text,
 )
 from broadcaster.backends.redis.layout import (
@@ -57,6 +59,7 @@ from broadcaster.backends.redis.layout import (
     channel_key,
     control_channel,
     nodes_key,
+    publication_channel,
     value_key,
 )
 from broadcaster.backends.redis.publish import (
@@ -148,6 +151,8 @@ class BackendCore:
     _UNSUBSCRIBE: ClassVar[bytes] = b"unsubscribe"
     _sharded: ClassVar[bool] = False
     """Sharded pub/sub (``SPUBLISH``/``SSUBSCRIBE``): Redis Cluster."""
+    _direct_routes: ClassVar[bool] = False
+    """The pub/sub reader takes direct routes (:mod:`broadcaster._routes`)."""
 
     def __init__(
         self,
@@ -194,9 +199,12 @@ class BackendCore:
         self.wait_timeout = wait_timeout
         self.reconnects = 0
         """Times the connection to Redis was lost and established again."""
-        self.breaks = 0
-        """Times the node stopped reading a server that may still take publications
-        (see :attr:`broadcaster.backends.base.Broker.breaks`)."""
+        self._breaks = 0
+        self.routes: RouteTable | None = None
+        """The direct routes of the pub/sub reader (None: it takes none); the hub
+        attaches and detaches them."""
+        if self._direct_routes:
+            self.routes = RouteTable(self._route_name, route_head)
         self._node_id = node_id or secrets.token_hex(8)
         self._nodes_key = nodes_key(prefix)
         self._client: Redis = self._topology.client
@@ -279,6 +287,22 @@ class BackendCore:
         return None
 
     # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def breaks(self) -> int:
+        """Times the node stopped reading a server that may still take publications
+        (see :attr:`broadcaster.backends.base.Broker.breaks`)."""
+        return self._breaks
+
+    @breaks.setter
+    def breaks(self, value: int) -> None:
+        # Every publication takes the hub's full path from now on: it marks the break.
+        self._breaks = value
+        if self.routes is not None:
+            self.routes.clear()
+
+    def _route_name(self, app_id: str, channel: str) -> bytes:
+        return publication_channel(self.prefix, app_id, channel).encode()
 
     async def start(
         self,

@@ -190,8 +190,10 @@ class PubSubBase(BackendCore):
 
 class OneConnection(PubSubBase):
     """One pub/sub connection to the primary (standalone Redis, Sentinel), read by a
-    :class:`~broadcaster.backends.redis.resp.PubSubReader`; lost, the node is not
-    ready and reconnects everything."""
+    :class:`~broadcaster.backends.redis.resp.PubSubReader` (which takes the direct
+    routes); lost, the node is not ready and reconnects everything."""
+
+    _direct_routes = True
 
     def _new_pubsub_connection(self) -> AbstractConnection:
         # No socket timeout: an idle channel is normal. The heartbeat PINGs instead.
@@ -207,7 +209,9 @@ class OneConnection(PubSubBase):
         conn = self._new_pubsub_connection()
         try:
             await conn.connect()  # type: ignore[no-untyped-call]
-            reader = PubSubReader(self._dispatch, self.read_delay, on_message=self._message)
+            reader = PubSubReader(
+                self._dispatch, self.read_delay, on_message=self._message, routes=self.routes
+            )
             take_over(conn, reader)
             self._pubsub = conn
             self._reader = reader

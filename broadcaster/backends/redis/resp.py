@@ -20,6 +20,8 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
+from broadcaster._routes import RouteTable, deliver
+
 __all__ = [
     "PubSubReader",
     "ReplyReader",
@@ -92,7 +94,9 @@ class PubSubReader(asyncio.Protocol):
     timer per wake-up.
 
     With ``on_message``, the data of each ``message`` push (``[b"message", channel,
-    data]``) goes to it directly, and every other reply to ``on_reply``.
+    data]``) goes to it directly, and every other reply to ``on_reply``. With ``routes``,
+    a push that a direct route delivers (:func:`broadcaster._routes.deliver`) goes
+    nowhere else; the table hears how many a read delivered.
 
     It takes over a connected redis-py connection (:func:`take_over`), which keeps
     redis-py's connection setup (TLS, AUTH, SELECT, Sentinel) and command writing.
@@ -104,9 +108,11 @@ class PubSubReader(asyncio.Protocol):
         read_delay: float = 0.0,
         *,
         on_message: Callable[[bytes], None] | None = None,
+        routes: RouteTable | None = None,
     ) -> None:
         self._on_reply = on_reply
         self._on_message = on_message
+        self._routes = routes
         self._read_delay = read_delay
         self._parser = hiredis.Reader()
         self._transport: asyncio.Transport | None = None
@@ -126,6 +132,10 @@ class PubSubReader(asyncio.Protocol):
         parser = self._parser
         on_reply = self._on_reply
         on_message = self._on_message
+        table = self._routes
+        routes = None if table is None or not table.routes else table.routes
+        direct = 0
+        began = time.perf_counter() if routes is not None else 0.0
         size = len(data)
         step = size if size <= 2 * _FEED else _FEED
         try:
@@ -133,7 +143,11 @@ class PubSubReader(asyncio.Protocol):
                 parser.feed(data, start, min(step, size - start))
                 while (reply := parser.gets()) is not False:
                     if on_message is not None and type(reply) is list and reply[0] == b"message":
-                        on_message(reply[2])  # the hot path: a publication, one call
+                        # The hot path: a publication, one call.
+                        if routes is not None and deliver(routes, reply):
+                            direct += 1
+                        else:
+                            on_message(reply[2])
                         continue
                     if isinstance(reply, hiredis.ReplyError):
                         raise ResponseError(str(reply))
@@ -141,6 +155,9 @@ class PubSubReader(asyncio.Protocol):
         except (hiredis.ProtocolError, ResponseError) as exc:
             self._fail(RedisConnectionError(f"unreadable pub/sub reply: {exc}"))
             return
+        finally:
+            if direct and table is not None and table.on_delivered is not None:
+                table.on_delivered(direct, began)
         if self._read_delay:
             now = time.monotonic()
             busy = now - self._last_read < self._read_delay
