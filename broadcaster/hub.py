@@ -133,10 +133,7 @@ class _Channel:
 
     @property
     def last(self) -> Position | None:
-        route = self.route
-        if route is not None:
-            return make_position(route.offset, route.epoch.decode())
-        return self._last
+        return self._last if self.route is None else _position_of(self.route)
 
     @last.setter
     def last(self, position: Position | None) -> None:
@@ -145,10 +142,8 @@ class _Channel:
 
     @property
     def live(self) -> Position | None:
-        route = self.route
-        if route is not None:  # ``last`` and ``live`` are equal while a route is attached
-            return make_position(route.offset, route.epoch.decode())
-        return self._live
+        # ``last`` and ``live`` are equal while a route is attached.
+        return self._live if self.route is None else _position_of(self.route)
 
     @live.setter
     def live(self, position: Position | None) -> None:
@@ -162,7 +157,7 @@ class _Channel:
         if route is None:
             return
         self.route = None
-        self._last = self._live = make_position(route.offset, route.epoch.decode())
+        self._last = self._live = _position_of(route)
         routes = route.table.routes
         if routes.get(route.name) is route:
             del routes[route.name]
@@ -171,6 +166,11 @@ class _Channel:
         """Where this node's knowledge of the channel's stream ends: the last position
         delivered here, else a resume's ``floor`` (None: nothing to check against)."""
         return self.last if self.last is not None else self.floor
+
+
+def _position_of(route: Route) -> Position:
+    """The last position ``route`` delivered."""
+    return make_position(route.offset, route.epoch.decode())
 
 
 class _Unfillable(Exception):
