@@ -130,6 +130,7 @@ class _Channel:
     # The direct route of the channel's only subscriber (see broadcaster._routes), while
     # attached: it advances the position with each publication it delivers.
     route: Route | None = None
+    route_names: tuple[bytes, bytes] | None = None  # its name and head, made once
 
     @property
     def last(self) -> Position | None:
@@ -415,7 +416,10 @@ class Hub:
         if position is not None:
             if self._backend.breaks != self._breaks:
                 self._mark_breaks()
-            last = entry.last
+            # (Not the properties: this runs once per publication.) A route declined
+            # this one: frames queued in this tick, a full buffer, or what follows.
+            route = entry.route
+            last = entry._last if route is None else _position_of(route)
             if (
                 entry.filling is not None
                 or entry.doubt
@@ -431,7 +435,10 @@ class Hub:
                 )
                 self._take(key, entry, publication, None)
                 return
-            entry.last = entry.live = position
+            if route is None:
+                entry._last = entry._live = position
+            else:
+                route.offset = position.offset  # it holds the position (same epoch)
         subscribers = entry.subscribers
         if any(subscribers.values()):  # a resuming subscriber: the full path
             publication = protocol.channel_event_publication(
@@ -447,7 +454,13 @@ class Hub:
             if conn.socket_id != exclude_socket_id:
                 conn.send(message)
                 sent += 1
-        if sent == 1 and entry.route is None and position is not None and len(subscribers) == 1:
+        if (
+            self._routes is not None
+            and sent == 1
+            and position is not None
+            and entry.route is None
+            and len(subscribers) == 1
+        ):
             self._attach(key, entry, conn, position)
         # _delivered(sent), inlined: this runs once per publication.
         metrics = self._metrics
@@ -762,12 +775,15 @@ class Hub:
             return  # a queued (ASGI) connection, or a socket a route cannot write to
         if conn.state is not ConnectionState.OPEN:
             return
+        if entry.route_names is None:
+            entry.route_names = (table.name_of(*key), table.head_of(*key))
+        name, head = entry.route_names
         route = Route(
             table,
-            table.name_of(*key),
+            name,
             conn,
             raw,
-            table.head_of(*key),
+            head,
             position.epoch.encode(),
             position.offset,
             conn.buffer_limit,

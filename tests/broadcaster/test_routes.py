@@ -311,6 +311,12 @@ async def test_a_slow_consumer_is_declined_by_the_route_and_closed_by_the_hub(
     await tick()
     assert raw.offsets() == [1]
     assert raw.closed_with == 4100
+    raw.backlog = 0
+    written = len(raw.written)
+    node.publish(3)  # the route declines a closed connection until the node lets it go
+    await tick()
+    assert len(raw.written) == written
+    await node.hub.unsubscribe(conn, CH)
     assert node.table.routes == {}
 
 
@@ -328,6 +334,30 @@ async def test_frames_queued_in_the_same_tick_keep_their_order(routed: str) -> N
     events = [m["event"] for m in raw.messages()]
     assert events == ["step", "other", "step"]
     assert protocol_message.payload == b'{"event":"other"}'
+
+
+async def test_a_publication_declined_for_queued_frames_keeps_the_route_going(
+    routed: str,
+) -> None:
+    """Two publications of the channel in one read: the second waits behind the first's
+    queued frame (the full path), which advances the route's position; the next read
+    goes by the route again."""
+    node = Node()
+    conn, raw = recording_connection("1.1")
+    await node.hub.subscribe(conn, CH)
+    node.publish(1)
+    await tick()
+    route = node.entry().route
+    conn.send(PreparedMessage(b'{"event":"other"}'))  # queued in this tick
+    node.publish(2)  # declined by the route: through the queue
+    await tick()
+    assert node.entry().route is route
+    assert route.offset == 2
+    node.publish(3)
+    await tick()
+    assert route.offset == 3
+    assert raw.offsets() == [1, 2, 3]
+    assert node.metrics.publications == 3
 
 
 def test_the_route_head_is_what_every_payload_of_the_channel_starts_with() -> None:
