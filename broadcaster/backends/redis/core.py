@@ -338,8 +338,7 @@ class BackendCore:
         for task in pending:
             log.warning("task %s did not stop when cancelled", task.get_name())
         self._tasks = []
-        while self._sending:  # publications already accepted still go out
-            await asyncio.gather(*self._sending, return_exceptions=True)
+        await self._sent()  # publications already accepted still go out
         await self._drop_publisher()
         with contextlib.suppress(*_ERRORS):
             await self._withdraw()
@@ -517,6 +516,11 @@ class BackendCore:
     async def _drop_publisher(self) -> None:
         """Close the publications' connection, if any."""
         raise NotImplementedError
+
+    async def _sent(self) -> None:
+        """Wait until the writes in flight (and those they send after them) are done."""
+        while self._sending:
+            await asyncio.gather(*self._sending, return_exceptions=True)
 
     async def _restore(self) -> None:
         """Write this node's heartbeat, counts and presence entries."""
