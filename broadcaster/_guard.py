@@ -52,10 +52,10 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from broadcaster.proxies import TrustedProxies
 from broadcaster.transport import (
@@ -266,10 +266,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         it moves to the earliest deadline set since, if any. (Each response sets later
         deadlines than the ones before it, so the timer moves only when it fires, or
         when the first keep-alive deadline comes before the first head's.)"""
-        deadlines = [d for d in (self._head_deadline, self._idle_deadline) if d is not None]
-        if not deadlines:
+        earliest = self._head_deadline
+        idle = self._idle_deadline
+        if earliest is None or (idle is not None and idle < earliest):
+            earliest = idle
+        if earliest is None:
             return
-        earliest = min(deadlines)
         timer = self._head_timer
         if timer is not None:
             if timer.when() <= earliest:
@@ -313,11 +315,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     # -- natively served POST routes --------------------------------------------------
 
     def _serve_natively(self) -> bool:
-        posts = cast("NativePosts | None", self.app_state.get(POSTS_STATE))
+        posts: NativePosts | None = self.app_state.get(POSTS_STATE)
         if posts is None or self.parser.get_method() != b"POST" or not self._in_order():
             return False
-        url = httptools.parse_url(self.url)
-        path = url.path
+        path, query = _split_target(self.url)
         if b"%" in path:
             return False  # ASGI would give the application the decoded path
         post = posts.route(path.decode("latin-1"))
@@ -328,7 +329,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if length is None:
             return False
         version = self.parser.get_http_version()
-        query = url.query or b""
         native = _NativeCycle(post, query, version != "1.0" and self.parser.should_keep_alive())
         if logged:
             target = path.decode("latin-1")
@@ -338,7 +338,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._native = native
         # uvicorn's own code reads the protocol's cycle: a request that arrives before
         # this one is answered is queued (pipelined), and a shutdown clears keep_alive.
-        self.cycle = cast(RequestResponseCycle, native)
+        self.cycle = native  # type: ignore[assignment]
         try:
             refusal = post.refusal(length)
         except Exception as exc:
@@ -593,6 +593,20 @@ def _response(head: bytes, answer: Answer, keep_alive: bool) -> bytes:
             body,
         )
     )
+
+
+def _split_target(url: bytes) -> tuple[bytes, bytes]:
+    """The path and query of a request target, as ``httptools.parse_url`` gives them.
+
+    The parser let through only printable ASCII (it refuses spaces, control characters
+    and bytes over 127 in a target), so a target in origin form (``/...``) without a
+    fragment splits at its first ``?``: the same as ``parse_url``, without its per-byte
+    pass and URL object (a test compares both). Any other target is parsed."""
+    if url[:1] == b"/" and b"#" not in url:
+        path, _, query = url.partition(b"?")
+        return path, query
+    parsed = httptools.parse_url(url)
+    return parsed.path, parsed.query or b""
 
 
 def refusal(status: int, message: str, *headers: tuple[bytes, bytes]) -> bytes:

@@ -472,7 +472,12 @@ class Node:
             for channel in channels
         ]
         # A Redis publish is a future already: one publication needs no gathering.
-        done = asyncio.ensure_future(started[0]) if len(started) == 1 else asyncio.gather(*started)
+        if len(started) != 1:
+            done: asyncio.Future[Any] = asyncio.gather(*started)
+        elif isinstance(started[0], asyncio.Future):
+            done = started[0]  # as ensure_future gives it, without three calls
+        else:
+            done = asyncio.ensure_future(started[0])
         done.add_done_callback(functools.partial(self._count_publishes, len(started)))
         return done
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from redis.asyncio.connection import AbstractConnection
@@ -150,27 +151,16 @@ class _Flight:
     """A batch that :meth:`ConnectionBatches._send_directly` sent without a task, until
     its replies (or the connection's error) arrive or its deadline passes."""
 
-    __slots__ = ("_arrived", "batch", "calls", "epoch", "landed", "replies")
+    __slots__ = ("batch", "calls", "epoch", "landed", "replies")
 
     def __init__(
-        self,
-        batch: list[PendingPublication],
-        calls: list[Publication | None],
-        epoch: str,
-        arrived: Callable[[_Flight], None],
+        self, batch: list[PendingPublication], calls: list[Publication | None], epoch: str
     ) -> None:
         self.batch = batch
         self.calls = calls
         self.epoch = epoch
-        self.replies: list[Any] | BaseException | None = None
+        self.replies: list[Any] | BaseException | None = None  # once they arrived
         self.landed: asyncio.Future[None] | None = None  # made if stop() waits for it
-        self._arrived = arrived
-
-    def arrived(self, replies: list[Any] | BaseException) -> None:
-        """The reader's call (:meth:`~broadcaster.backends.redis.resp.ReplyReader.
-        expect_call`)."""
-        self.replies = replies
-        self._arrived(self)
 
 
 class ConnectionBatches(Outbox):
@@ -206,23 +196,23 @@ class ConnectionBatches(Outbox):
         except Exception:  # the task meets it again, and fails as before
             return False
         self._arm_deadline(self._running_loop())
-        flight = self._flight = _Flight(batch, calls, epoch, self._flight_arrived)
-        reader.expect_call(len(packed), flight.arrived)
+        flight = self._flight = _Flight(batch, calls, epoch)
+        reader.expect_call(len(packed), functools.partial(self._flight_arrived, flight))
         try:
             reader.write(b"".join(packed))
         except _ERRORS as exc:
-            flight.arrived(exc)  # the task drops the connection, as after a failed write
+            self._flight_arrived(flight, exc)  # the task drops the connection
             return True
         self._batch_sent = True
         return True
 
-    def _flight_arrived(self, flight: _Flight) -> None:
-        """The replies of the batch sent without a task (or the connection's error):
-        successes settle it here, anything else goes on in a task."""
+    def _flight_arrived(self, flight: _Flight, replies: list[Any] | BaseException) -> None:
+        """The replies of the batch sent without a task (or the connection's error),
+        from the reader: successes settle it here, anything else goes on in a task."""
         if self._flight is not flight:
             return  # its deadline passed: settled already
         self._flight = None
-        replies = flight.replies
+        flight.replies = replies
         results: list[Position | None] = []
         if isinstance(replies, list):
             try:
