@@ -156,6 +156,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._refused = False
         self._upgraded = False
         self._native: _NativeCycle | None = None  # a natively served request, until its end
+        self._scoped = False  # uvicorn's scope is built for the request being read
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -219,16 +220,36 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     # -- the head deadline ------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        # uvicorn's, but for its ASGI scope: that is built once the head is complete,
+        # for a request that goes to the application (_asgi_scope), not for one served
+        # natively, which never reads it.
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+        self._scoped = False
         self._in_head = True
         self._head_bytes = 0
+
+    def _asgi_scope(self) -> None:
+        """Build uvicorn's scope of the request (its ``on_message_begin``), keeping what
+        the head's callbacks gathered since."""
+        if self._scoped:
+            return
+        self._scoped = True
+        url, expect, headers = self.url, self.expect_100_continue, self.headers
+        super().on_message_begin()
+        self.url, self.expect_100_continue, self.headers = url, expect, headers
+        self.scope["headers"] = headers
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._head_deadline = None  # the timer, if armed, finds nothing to do
-        if self._proxy is not None and not self._admit_forwarded(self._proxy):
-            return
+        if self._proxy is not None:
+            self._asgi_scope()
+            if not self._admit_forwarded(self._proxy):
+                return
         if not self._serve_natively():
+            self._asgi_scope()
             super().on_headers_complete()
 
     def on_response_complete(self) -> None:
@@ -240,15 +261,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         self._idle_deadline = None
-        self.flow.resume_reading()
+        if self.flow.read_paused:
+            self.flow.resume_reading()
+        now = self.loop.time()
         if self.pipeline:
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
         else:
-            self._idle_deadline = self.loop.time() + self.timeout_keep_alive
-            self._arm()
+            self._idle_deadline = now + self.timeout_keep_alive
         if self._awaiting_head() and not self.transport.is_closing():
-            self._expect_head()
+            self._head_deadline = now + self.header_timeout  # as _expect_head
+        self._arm()  # once for both deadlines
 
     def _unset_keepalive_if_required(self) -> None:
         # uvicorn calls this on every read (and cancels a timer there).
@@ -561,7 +584,9 @@ class _DefaultHeaders:
         self, headers: list[tuple[bytes, bytes]], answer: Answer, keep_alive: bool
     ) -> bytes:
         """:func:`_response` of ``answer`` after ``headers``."""
-        head = self.lines(headers)
+        if headers is not self._source:
+            self.lines(headers)
+        head = self._lines
         if answer.status != 200:  # a refusal: its body names the request
             return _response(head, answer, keep_alive)
         key = (answer, keep_alive)

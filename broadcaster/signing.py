@@ -402,10 +402,8 @@ def verify_sdk_query(
             return False
     elif not hmac.compare_digest(md5, body_md5(body).encode()):
         return False
-    signed = b"%s\n%s\n%s" % (
-        method.upper().encode(),
-        path.encode(),
-        query[: found.start(4) - _SIGNATURE_PARAM],
+    signed = b"\n".join(
+        (method.upper().encode(), path.encode(), query[: found.start(4) - _SIGNATURE_PARAM])
     )
     keyed = _keyed(app.secret).copy()  # the key's setup done once per secret
     keyed.update(signed)
