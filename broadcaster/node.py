@@ -28,7 +28,7 @@ from broadcaster.connection import AsgiConnection, AsgiSend, Connection, Deliver
 from broadcaster.exceptions import ProtocolError
 from broadcaster.hub import Hub
 from broadcaster.metrics import Metrics
-from broadcaster.publication import Position, PresenceMember, Publication
+from broadcaster.publication import Position, PresenceMember, Publication, make_publication
 from broadcaster.settings import AppConfig, Settings
 from broadcaster.transport import RawSocket
 
@@ -467,7 +467,7 @@ class Node:
             BackendUnavailable: (from the future) as :meth:`publish_batch`.
         """
         started = [
-            self.backend.publish(Publication(app_id, channel, event, data, exclude_socket_id))
+            self.backend.publish(make_publication(app_id, channel, event, data, exclude_socket_id))
             for channels, event, data, exclude_socket_id in events
             for channel in channels
         ]
