@@ -36,6 +36,7 @@ from broadcaster.backends.redis.core import (
     ERRORS,
     BackendCore,
     PendingPublication,
+    pending_publication,
     refusal_of,
 )
 from broadcaster.backends.redis.layout import (
@@ -78,15 +79,19 @@ class Outbox(BackendCore):
                 published) or a command timed out (the publication may or may not have
                 gone out).
         """
-        loop = self._running_loop()
+        loop = self._loop  # as _running_loop(), inlined: this runs per publication
+        if loop is None or self._stopped:
+            loop = asyncio.get_running_loop()
         done: asyncio.Future[Position | None] = loop.create_future()
-        try:
-            self._check_ready()
-        except BackendUnavailable as exc:
-            done.set_exception(exc)
-            return done
-        self._outbox.append(PendingPublication(publication, history, done))
-        if len(self._outbox) == 1 and not self._publishing:
+        if self._stopped or not self._ready:
+            try:
+                self._check_ready()
+            except BackendUnavailable as exc:
+                done.set_exception(exc)
+                return done
+        outbox = self._outbox
+        outbox.append(pending_publication(publication, history, done))
+        if len(outbox) == 1 and not self._publishing:
             loop.call_soon(self._send_outbox)
         return done
 
@@ -231,8 +236,10 @@ class ConnectionBatches(Outbox):
             if not item.done.done():  # else the caller was cancelled
                 item.done.set_result(result)
         self._publishing = False
-        self._landed(flight)
-        self._send_outbox()
+        if flight.landed is not None:
+            self._landed(flight)
+        if self._outbox:
+            self._send_outbox()
 
     def _landed(self, flight: _Flight) -> None:
         landed = flight.landed

@@ -76,6 +76,7 @@ __all__ = [
     "PROBE_TTL_MS",
     "BackendCore",
     "PendingPublication",
+    "pending_publication",
     "refusal_of",
 ]
 
@@ -104,6 +105,26 @@ class PendingPublication:
     publication: Publication
     history: bool
     done: asyncio.Future[Position | None]
+
+
+_new = object.__new__
+_set_pending = tuple(
+    PendingPublication.__dict__[name].__set__ for name in ("publication", "history", "done")
+)
+
+
+def pending_publication(
+    publication: Publication, history: bool, done: asyncio.Future[Position | None]
+) -> PendingPublication:
+    """``PendingPublication(publication, history, done)``, with its slots set directly
+    (the frozen dataclass's ``__init__`` goes through ``object.__setattr__`` for each):
+    one per publication."""
+    set_publication, set_history, set_done = _set_pending
+    pending: PendingPublication = _new(PendingPublication)
+    set_publication(pending, publication)
+    set_history(pending, history)
+    set_done(pending, done)
+    return pending
 
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
