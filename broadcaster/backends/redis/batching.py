@@ -197,7 +197,7 @@ class ConnectionBatches(Outbox):
             if item.history != history:
                 return False  # mixed: the script is loaded first (_pipeline)
         try:
-            calls, packed, _, _, epoch = self._pack(batch)
+            calls, packed, _, _, epoch = self._pack(batch, False)
         except Exception:  # the task meets it again, and fails as before
             return False
         self._arm_deadline(self._running_loop())
@@ -339,16 +339,18 @@ class ConnectionBatches(Outbox):
             self._landed(flight)
 
     def _pack(
-        self, batch: list[PendingPublication]
+        self, batch: list[PendingPublication], mixed: bool | None = None
     ) -> tuple[list[Publication | None], list[bytes], bool, bool, str]:
         """``batch``'s commands, packed one each: per publication its publication (None
         for a plain ``PUBLISH``), the commands, whether the script is loaded first
-        (mixed), whether ``WAIT`` ends them, and the batch's epoch."""
+        (``mixed``: publications with and without history; found here if not given),
+        whether ``WAIT`` ends them, and the batch's epoch."""
         script = scripts.PUBLISH
         calls: list[Publication | None] = []
         packed: list[bytes] = []  # one packed command each
-        history = batch[0].history
-        mixed = any(item.history != history for item in batch)
+        if mixed is None:
+            history = batch[0].history
+            mixed = any(item.history != history for item in batch)
         if mixed:
             # A Redis without the script would run the plain PUBLISHes at once and
             # the scripted ones only when sent again: load it first to keep order.
