@@ -14,6 +14,7 @@ import asyncio
 import json
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,10 +122,18 @@ class RunningServer:
         return self.spec.ws_url(self.url)
 
 
-async def start_server(spec: ServerSpec, redis_url: str, within: float = 30) -> RunningServer:
-    """Start ``spec`` against ``redis_url`` and wait until it serves."""
-    env = {"REDIS_URL": redis_url}
-    child = await Child(spec.name, spec.argv(redis_url), env=env).start()
+async def start_server(
+    spec: ServerSpec,
+    redis_url: str,
+    within: float = 30,
+    *,
+    wrapper: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+) -> RunningServer:
+    """Start ``spec`` against ``redis_url`` and wait until it serves; under ``wrapper``
+    (e.g. ``valgrind ...``) and with ``env`` added to the environment, if given."""
+    env = {"REDIS_URL": redis_url, **(env or {})}
+    child = await Child(spec.name, [*wrapper, *spec.argv(redis_url)], env=env).start()
     line = await child.expect_line(lambda text: bool(_LISTENING.search(text)), within)
     match = _LISTENING.search(line)
     assert match is not None

@@ -52,10 +52,10 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from broadcaster.proxies import TrustedProxies
 from broadcaster.transport import (
@@ -156,6 +156,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._refused = False
         self._upgraded = False
         self._native: _NativeCycle | None = None  # a natively served request, until its end
+        self._scoped = False  # uvicorn's scope is built for the request being read
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -219,16 +220,36 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     # -- the head deadline ------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        # uvicorn's, but for its ASGI scope: that is built once the head is complete,
+        # for a request that goes to the application (_asgi_scope), not for one served
+        # natively, which never reads it.
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+        self._scoped = False
         self._in_head = True
         self._head_bytes = 0
+
+    def _asgi_scope(self) -> None:
+        """Build uvicorn's scope of the request (its ``on_message_begin``), keeping what
+        the head's callbacks gathered since."""
+        if self._scoped:
+            return
+        self._scoped = True
+        url, expect, headers = self.url, self.expect_100_continue, self.headers
+        super().on_message_begin()
+        self.url, self.expect_100_continue, self.headers = url, expect, headers
+        self.scope["headers"] = headers
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._head_deadline = None  # the timer, if armed, finds nothing to do
-        if self._proxy is not None and not self._admit_forwarded(self._proxy):
-            return
+        if self._proxy is not None:
+            self._asgi_scope()
+            if not self._admit_forwarded(self._proxy):
+                return
         if not self._serve_natively():
+            self._asgi_scope()
             super().on_headers_complete()
 
     def on_response_complete(self) -> None:
@@ -240,15 +261,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         self._idle_deadline = None
-        self.flow.resume_reading()
+        if self.flow.read_paused:
+            self.flow.resume_reading()
+        now = self.loop.time()
         if self.pipeline:
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
         else:
-            self._idle_deadline = self.loop.time() + self.timeout_keep_alive
-            self._arm()
+            self._idle_deadline = now + self.timeout_keep_alive
         if self._awaiting_head() and not self.transport.is_closing():
-            self._expect_head()
+            self._head_deadline = now + self.header_timeout  # as _expect_head
+        self._arm()  # once for both deadlines
 
     def _unset_keepalive_if_required(self) -> None:
         # uvicorn calls this on every read (and cancels a timer there).
@@ -266,10 +289,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         it moves to the earliest deadline set since, if any. (Each response sets later
         deadlines than the ones before it, so the timer moves only when it fires, or
         when the first keep-alive deadline comes before the first head's.)"""
-        deadlines = [d for d in (self._head_deadline, self._idle_deadline) if d is not None]
-        if not deadlines:
+        earliest = self._head_deadline
+        idle = self._idle_deadline
+        if earliest is None or (idle is not None and idle < earliest):
+            earliest = idle
+        if earliest is None:
             return
-        earliest = min(deadlines)
         timer = self._head_timer
         if timer is not None:
             if timer.when() <= earliest:
@@ -313,11 +338,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     # -- natively served POST routes --------------------------------------------------
 
     def _serve_natively(self) -> bool:
-        posts = cast("NativePosts | None", self.app_state.get(POSTS_STATE))
+        posts: NativePosts | None = self.app_state.get(POSTS_STATE)
         if posts is None or self.parser.get_method() != b"POST" or not self._in_order():
             return False
-        url = httptools.parse_url(self.url)
-        path = url.path
+        path, query = _split_target(self.url)
         if b"%" in path:
             return False  # ASGI would give the application the decoded path
         post = posts.route(path.decode("latin-1"))
@@ -328,7 +352,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if length is None:
             return False
         version = self.parser.get_http_version()
-        query = url.query or b""
         native = _NativeCycle(post, query, version != "1.0" and self.parser.should_keep_alive())
         if logged:
             target = path.decode("latin-1")
@@ -338,7 +361,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._native = native
         # uvicorn's own code reads the protocol's cycle: a request that arrives before
         # this one is answered is queued (pipelined), and a shutdown clears keep_alive.
-        self.cycle = cast(RequestResponseCycle, native)
+        self.cycle = native  # type: ignore[assignment]
         try:
             refusal = post.refusal(length)
         except Exception as exc:
@@ -561,7 +584,9 @@ class _DefaultHeaders:
         self, headers: list[tuple[bytes, bytes]], answer: Answer, keep_alive: bool
     ) -> bytes:
         """:func:`_response` of ``answer`` after ``headers``."""
-        head = self.lines(headers)
+        if headers is not self._source:
+            self.lines(headers)
+        head = self._lines
         if answer.status != 200:  # a refusal: its body names the request
             return _response(head, answer, keep_alive)
         key = (answer, keep_alive)
@@ -593,6 +618,20 @@ def _response(head: bytes, answer: Answer, keep_alive: bool) -> bytes:
             body,
         )
     )
+
+
+def _split_target(url: bytes) -> tuple[bytes, bytes]:
+    """The path and query of a request target, as ``httptools.parse_url`` gives them.
+
+    The parser let through only printable ASCII (it refuses spaces, control characters
+    and bytes over 127 in a target), so a target in origin form (``/...``) without a
+    fragment splits at its first ``?``: the same as ``parse_url``, without its per-byte
+    pass and URL object (a test compares both). Any other target is parsed."""
+    if url[:1] == b"/" and b"#" not in url:
+        path, _, query = url.partition(b"?")
+        return path, query
+    parsed = httptools.parse_url(url)
+    return parsed.path, parsed.query or b""
 
 
 def refusal(status: int, message: str, *headers: tuple[bytes, bytes]) -> bytes:

@@ -284,6 +284,7 @@ def _channel_param(request: Request) -> str:
 _PUBLISH_PATH = re.compile(r"/apps/([A-Za-z0-9_.\-]+)/(events|batch_events)")
 _JSON = [(b"content-type", b"application/json")]
 _EMPTY = b"{}"
+_OK_EMPTY = Answer(200, _EMPTY)  # built once: a NamedTuple's __new__ is a Python call
 _EVENTS = "events"
 
 
@@ -305,7 +306,7 @@ class PublishFastPath:
     def __init__(self, node: Node) -> None:
         self._api = _Api(node)
         self._body = BodyReader(self._api.max_body, self._api.body_timeout)
-        self._batch_answers: dict[int, bytes] = {}
+        self._batch_answers: dict[int, Answer] = {}
 
     @property
     def body_timeout(self) -> float:
@@ -379,7 +380,7 @@ class PublishFastPath:
         if trigger.info:  # asks for channel counts: more round trips, in a task
             return _Publishing(asyncio.ensure_future(self._api.trigger(app, trigger)))
         event = (trigger.channels, trigger.name, trigger.data, trigger.socket_id)
-        return _Publishing(self._api.node.start_publish_batch(app.id, [event]), _EMPTY)
+        return _Publishing(self._api.node.start_publish_batch(app.id, [event]), _OK_EMPTY)
 
     def _batch(self, app: AppConfig, body: bytes) -> _Publishing:
         batch = http_models.parse_batch(body, app)
@@ -389,10 +390,10 @@ class PublishFastPath:
         done = self._api.node.start_publish_batch(app.id, events)
         return _Publishing(done, self._batch_answer(len(batch)))
 
-    def _batch_answer(self, size: int) -> bytes:
+    def _batch_answer(self, size: int) -> Answer:
         known = self._batch_answers.get(size)
         if known is None:
-            known = self._batch_answers[size] = _dumps({"batch": [{}] * size})
+            known = self._batch_answers[size] = Answer(200, _dumps({"batch": [{}] * size}))
         return known
 
     async def serve(
@@ -479,7 +480,7 @@ class _Publishing:
 
     __slots__ = ("_ok", "done")
 
-    def __init__(self, done: asyncio.Future[Any], ok: bytes | None = None) -> None:
+    def __init__(self, done: asyncio.Future[Any], ok: Answer | None = None) -> None:
         self.done = done
         self._ok = ok
 
@@ -491,8 +492,8 @@ class _Publishing:
         except BackendUnavailable as exc:
             return _unavailable(exc)
         if self._ok is not None:
-            return Answer(200, self._ok)
-        return Answer(200, _dumps(result) if result else _EMPTY)
+            return self._ok
+        return Answer(200, _dumps(result)) if result else _OK_EMPTY
 
 
 def _refused(exc: ApiError) -> Answer:

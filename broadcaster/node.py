@@ -28,7 +28,7 @@ from broadcaster.connection import AsgiConnection, AsgiSend, Connection, Deliver
 from broadcaster.exceptions import ProtocolError
 from broadcaster.hub import Hub
 from broadcaster.metrics import Metrics
-from broadcaster.publication import Position, PresenceMember, Publication
+from broadcaster.publication import Position, PresenceMember, Publication, make_publication
 from broadcaster.settings import AppConfig, Settings
 from broadcaster.transport import RawSocket
 
@@ -467,12 +467,17 @@ class Node:
             BackendUnavailable: (from the future) as :meth:`publish_batch`.
         """
         started = [
-            self.backend.publish(Publication(app_id, channel, event, data, exclude_socket_id))
+            self.backend.publish(make_publication(app_id, channel, event, data, exclude_socket_id))
             for channels, event, data, exclude_socket_id in events
             for channel in channels
         ]
         # A Redis publish is a future already: one publication needs no gathering.
-        done = asyncio.ensure_future(started[0]) if len(started) == 1 else asyncio.gather(*started)
+        if len(started) != 1:
+            done: asyncio.Future[Any] = asyncio.gather(*started)
+        elif isinstance(started[0], asyncio.Future):
+            done = started[0]  # as ensure_future gives it, without three calls
+        else:
+            done = asyncio.ensure_future(started[0])
         done.add_done_callback(functools.partial(self._count_publishes, len(started)))
         return done
 

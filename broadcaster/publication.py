@@ -27,6 +27,7 @@ __all__ = [
     "channel_event_frame",
     "frame_head",
     "make_position",
+    "make_publication",
     "parse_channel_event",
 ]
 
@@ -106,6 +107,32 @@ class Publication:
     exclude_socket_id: str | None = None
     user_id: str | None = None
     position: Position | None = None
+
+
+_set_publication = tuple(
+    Publication.__dict__[name].__set__
+    for name in ("app_id", "channel", "event", "data", "exclude_socket_id")
+)
+_set_user_id = Publication.__dict__["user_id"].__set__
+_set_position = Publication.__dict__["position"].__set__
+
+
+def make_publication(
+    app_id: str, channel: str, event: str, data: str, exclude_socket_id: str | None = None
+) -> Publication:
+    """``Publication(app_id, channel, event, data, exclude_socket_id)`` (no user, no
+    position yet), made faster, as :func:`make_position` (for the HTTP API, which makes
+    one per published channel)."""
+    set_app_id, set_channel, set_event, set_data, set_exclude = _set_publication
+    publication: Publication = _new(Publication)
+    set_app_id(publication, app_id)
+    set_channel(publication, channel)
+    set_event(publication, event)
+    set_data(publication, data)
+    set_exclude(publication, exclude_socket_id)
+    _set_user_id(publication, None)
+    _set_position(publication, None)
+    return publication
 
 
 @dataclass(frozen=True, slots=True)

@@ -402,20 +402,32 @@ def verify_sdk_query(
             return False
     elif not hmac.compare_digest(md5, body_md5(body).encode()):
         return False
-    signed = b"%s\n%s\n%s" % (
-        method.upper().encode(),
-        path.encode(),
-        query[: found.start(4) - _SIGNATURE_PARAM],
+    signed = b"\n".join(
+        (method.upper().encode(), path.encode(), query[: found.start(4) - _SIGNATURE_PARAM])
     )
     keyed = _keyed(app.secret).copy()  # the key's setup done once per secret
     keyed.update(signed)
     return hmac.compare_digest(signature, keyed.hexdigest().encode())
 
 
+class _Mac(Protocol):
+    """What an HMAC in progress offers (``hmac.HMAC`` and OpenSSL's object alike)."""
+
+    def copy(self) -> _Mac: ...
+
+    def update(self, msg: bytes) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
 @functools.lru_cache(maxsize=256)
-def _keyed(secret: str) -> hmac.HMAC:
-    """An HMAC-SHA256 keyed with ``secret``, to copy for each signature."""
-    return hmac.new(secret.encode(), digestmod=hashlib.sha256)
+def _keyed(secret: str) -> _Mac:
+    """An HMAC-SHA256 keyed with ``secret``, to copy for each signature: OpenSSL's own
+    object when ``hmac`` wraps one (its copy, update and digest without the Python
+    wrapper's calls around them), else the ``hmac.HMAC``."""
+    keyed = hmac.new(secret.encode(), digestmod=hashlib.sha256)
+    inner: _Mac | None = getattr(keyed, "_hmac", None)
+    return keyed if inner is None else inner
 
 
 def _missing_message(missing: list[str]) -> str:

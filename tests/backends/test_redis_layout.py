@@ -3,12 +3,15 @@ layout``, ``codec``, ``scripts``): one hash-tagged layout for every topology."""
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 import pytest
 from redis.crc import key_slot
 
 from broadcaster.backends.base import new_epoch
 from broadcaster.backends.redis import codec, layout, scripts
+from broadcaster.backends.redis.core import PendingPublication, pending_publication
 from broadcaster.backends.redis.publish import PublishPacker, publish_script_args
 from broadcaster.backends.redis.resp import pack_commands
 from broadcaster.protocol import channel_event
@@ -95,3 +98,21 @@ def test_epochs_are_distinct_8_hex_digits() -> None:
     epochs = [new_epoch() for _ in range(1000)]
     assert len(set(epochs)) == len(epochs)
     assert all(len(e) == 8 and int(e, 16) >= 0 for e in epochs)
+
+
+async def test_a_pending_publication_made_fast_is_one_like_any_other() -> None:
+    done: asyncio.Future[Position | None] = asyncio.get_running_loop().create_future()
+    publication = Publication("app", "chat", "ev", "{}")
+    made = pending_publication(publication, False, done)
+    assert type(made) is PendingPublication
+    assert made == PendingPublication(publication, False, done)
+    assert (made.publication, made.history, made.done) == (publication, False, done)
+    with pytest.raises(AttributeError):
+        made.history = True  # type: ignore[misc]
+
+
+def test_a_position_from_a_reply_is_a_position_like_any_other() -> None:
+    for epoch in (b"abcdefgh", "abcdefgh"):
+        position = codec.position_of([7, epoch])
+        assert type(position) is Position
+        assert position == Position(7, "abcdefgh")

@@ -47,7 +47,7 @@ from broadcaster.protocol import (
     subscription_error,
     subscription_succeeded,
 )
-from broadcaster.publication import Position, make_position
+from broadcaster.publication import Position, Publication, make_position, make_publication
 from broadcaster.settings import AppConfig
 from broadcaster.signing import channel_auth, sign, user_auth
 
@@ -665,3 +665,16 @@ def test_a_position_made_fast_is_a_position_like_any_other() -> None:
     assert str(position) == "abcdefgh:7"
     with pytest.raises(AttributeError):
         position.offset = 8  # type: ignore[misc]
+
+
+def test_a_publication_made_fast_is_a_publication_like_any_other() -> None:
+    for exclude in (None, "1.2"):
+        made = make_publication("app", "chat", "ev", "{}", exclude)
+        plain = Publication("app", "chat", "ev", "{}", exclude)
+        assert type(made) is Publication
+        assert made == plain
+        assert hash(made) == hash(plain)
+        assert made.user_id is None
+        assert made.position is None
+    with pytest.raises(AttributeError):
+        made.channel = "other"  # type: ignore[misc]

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from redis.asyncio.connection import AbstractConnection
@@ -28,12 +29,14 @@ from broadcaster.backends.redis import scripts
 from broadcaster.backends.redis.codec import (
     encode_publication,
     ms,
+    position_of,
     publish_result,
 )
 from broadcaster.backends.redis.core import (
     ERRORS,
     BackendCore,
     PendingPublication,
+    pending_publication,
     refusal_of,
 )
 from broadcaster.backends.redis.layout import (
@@ -76,15 +79,19 @@ class Outbox(BackendCore):
                 published) or a command timed out (the publication may or may not have
                 gone out).
         """
-        loop = self._running_loop()
+        loop = self._loop  # as _running_loop(), inlined: this runs per publication
+        if loop is None or self._stopped:
+            loop = asyncio.get_running_loop()
         done: asyncio.Future[Position | None] = loop.create_future()
-        try:
-            self._check_ready()
-        except BackendUnavailable as exc:
-            done.set_exception(exc)
-            return done
-        self._outbox.append(PendingPublication(publication, history, done))
-        if len(self._outbox) == 1 and not self._publishing:
+        if self._stopped or not self._ready:
+            try:
+                self._check_ready()
+            except BackendUnavailable as exc:
+                done.set_exception(exc)
+                return done
+        outbox = self._outbox
+        outbox.append(pending_publication(publication, history, done))
+        if len(outbox) == 1 and not self._publishing:
             loop.call_soon(self._send_outbox)
         return done
 
@@ -93,9 +100,20 @@ class Outbox(BackendCore):
             return  # the batch in flight sends the rest when it is answered
         batch, self._outbox = self._outbox, []
         self._publishing = True
-        task = self._running_loop().create_task(self._publish_batch(batch))
+        if not self._send_directly(batch):
+            self._run_batch(self._publish_batch(batch))
+
+    def _run_batch(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` (the batch in flight, or what is left of it) in a task; the
+        next batch goes when it ends."""
+        task = self._running_loop().create_task(work)
         self._sending.add(task)
         task.add_done_callback(self._batch_done)
+
+    def _send_directly(self, batch: list[PendingPublication]) -> bool:
+        """Send ``batch`` without a task if this kind of batch can (and settle it when
+        its replies are read); False: it goes in a task (:meth:`_publish_batch`)."""
+        return False
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         """The running loop: the one the backend started in while it runs, without
@@ -134,35 +152,155 @@ class Outbox(BackendCore):
         raise NotImplementedError
 
 
+class _Flight:
+    """A batch that :meth:`ConnectionBatches._send_directly` sent without a task, until
+    its replies (or the connection's error) arrive or its deadline passes."""
+
+    __slots__ = ("batch", "calls", "epoch", "landed", "replies")
+
+    def __init__(
+        self, batch: list[PendingPublication], calls: list[Publication | None], epoch: str
+    ) -> None:
+        self.batch = batch
+        self.calls = calls
+        self.epoch = epoch
+        self.replies: list[Any] | BaseException | None = None  # once they arrived
+        self.landed: asyncio.Future[None] | None = None  # made if stop() waits for it
+
+
 class ConnectionBatches(Outbox):
     """Batches on the publications' own connection to the primary, driven directly
     (packed commands, a :class:`~broadcaster.backends.redis.resp.ReplyReader`), with
-    one deadline per batch."""
+    one deadline per batch.
+
+    The usual batch (the connection is up, publications all with history or all
+    without, not the durable mode) goes without a task: :meth:`_send_directly` writes
+    it and the reader hands its replies to a plain call that settles the publications,
+    and sends the next batch, from the read itself. Anything else, and any such batch
+    whose replies are not all successes (``NOSCRIPT``, ``READONLY``, an error reply, a
+    lost connection) or whose deadline passes, goes through :meth:`_publish_batch` in a
+    task, as before: one error mapping, one retry, one deadline for both ways.
+    """
 
     _packer: PublishPacker | None = None  # made at the first batch, with the options
+    _flight: _Flight | None = None  # the batch sent without a task, until it is answered
 
-    async def _publish_batch(self, batch: list[PendingPublication]) -> None:
-        loop = self._running_loop()
+    def _send_directly(self, batch: list[PendingPublication]) -> bool:
+        publisher = self._publisher
+        if publisher is None or self.wait_replicas:
+            return False  # not connected yet, or the durable mode's WAIT
+        reader = publisher[1]
+        if reader.lost.done():
+            return False
+        history = batch[0].history
+        for item in batch:
+            if item.history != history:
+                return False  # mixed: the script is loaded first (_pipeline)
+        try:
+            calls, packed, _, _, epoch = self._pack(batch, False)
+        except Exception:  # the task meets it again, and fails as before
+            return False
+        self._arm_deadline(self._running_loop())
+        flight = self._flight = _Flight(batch, calls, epoch)
+        reader.expect_call(len(packed), functools.partial(self._flight_arrived, flight))
+        try:
+            reader.write(b"".join(packed))
+        except _ERRORS as exc:
+            self._flight_arrived(flight, exc)  # the task drops the connection
+            return True
+        self._batch_sent = True
+        return True
+
+    def _flight_arrived(self, flight: _Flight, replies: list[Any] | BaseException) -> None:
+        """The replies of the batch sent without a task (or the connection's error),
+        from the reader: successes settle it here, anything else goes on in a task."""
+        if self._flight is not flight:
+            return  # its deadline passed: settled already
+        self._flight = None
+        flight.replies = replies
+        results: list[Position | None] = []
+        if isinstance(replies, list):
+            try:
+                for call, reply in zip(flight.calls, replies, strict=True):
+                    if isinstance(reply, BaseException):
+                        break  # an error reply: the task maps it (and retries NOSCRIPT)
+                    results.append(None if call is None else position_of(reply))
+            except Exception:  # an odd reply: the task meets it again
+                results = []
+        if len(results) != len(flight.batch):
+            self._run_batch(self._publish_batch(flight.batch, flight))
+            self._landed(flight)
+            return
+        self._batch_deadline = None
+        for item, result in zip(flight.batch, results, strict=True):
+            if not item.done.done():  # else the caller was cancelled
+                item.done.set_result(result)
+        self._publishing = False
+        if flight.landed is not None:
+            self._landed(flight)
+        if self._outbox:
+            self._send_outbox()
+
+    def _landed(self, flight: _Flight) -> None:
+        landed = flight.landed
+        if landed is not None and not landed.done():
+            landed.set_result(None)
+
+    async def _sent(self) -> None:
+        while True:
+            flight = self._flight
+            if flight is not None:
+                if flight.landed is None:
+                    flight.landed = self._running_loop().create_future()
+                await flight.landed
+            elif self._sending:
+                await asyncio.gather(*self._sending, return_exceptions=True)
+            else:
+                return
+
+    def _arm_deadline(self, loop: asyncio.AbstractEventLoop) -> None:
         waits = self.wait_timeout if self.wait_replicas else 0.0
         self._batch_deadline = loop.time() + self.command_timeout + waits
         self._batch_expired = False
         self._batch_sent = False
         if self._watchdog is None:
             self._watchdog = loop.call_at(self._batch_deadline, self._watch_batch)
+
+    async def _publish_batch(
+        self, batch: list[PendingPublication], flight: _Flight | None = None
+    ) -> None:
+        """Publish ``batch`` and settle every publication's future; or settle a batch
+        that ``flight`` sent (within its deadline, armed then)."""
+        if flight is None:
+            self._arm_deadline(self._running_loop())
         try:
-            results = await self._pipeline(batch)
+            results = await self._pipeline(batch, flight)
         except asyncio.CancelledError:
             if not self._batch_expired:
                 raise
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            await self._drop_publisher()  # replies may still come: not for the next batch
-            timeout = RedisTimeoutError(f"no answer within {self.command_timeout:g} s")
-            results = [timeout] * len(batch)
+            results = await self._timed_out(len(batch))
         except _ERRORS as exc:
             await self._drop_publisher()
             results = [exc] * len(batch)
         finally:
             self._batch_deadline = None
+        await self._settle(batch, results)
+
+    async def _expired(self, batch: list[PendingPublication]) -> None:
+        """Settle a batch sent without a task whose deadline passed."""
+        try:
+            results = await self._timed_out(len(batch))
+        finally:
+            self._batch_deadline = None
+        await self._settle(batch, results)
+
+    async def _timed_out(self, count: int) -> list[Any]:
+        await self._drop_publisher()  # replies may still come: not for the next batch
+        return [RedisTimeoutError(f"no answer within {self.command_timeout:g} s")] * count
+
+    async def _settle(self, batch: list[PendingPublication], results: list[Any]) -> None:
+        """Settle every publication's future with its result (or error)."""
         replica = False  # the connection reached a replica: follow the primary
         sent = self._batch_sent  # then a publication without an answer may be out
         for item, result in zip(batch, results, strict=True):
@@ -195,18 +333,24 @@ class ConnectionBatches(Outbox):
         self._batch_expired = True
         for task in self._sending:
             task.cancel()
+        flight, self._flight = self._flight, None
+        if flight is not None:  # sent without a task: its replies will be ignored
+            self._run_batch(self._expired(flight.batch))
+            self._landed(flight)
 
-    async def _pipeline(self, batch: list[PendingPublication]) -> list[Any]:
-        """Publish ``batch`` in one round trip on the publications' connection; a
-        result (position or None) or the error per publication.
-
-        The connection is driven directly (the commands packed here, the replies read
-        in order), without a client, a pool or a pipeline object; its caller sets the
-        deadline."""
+    def _pack(
+        self, batch: list[PendingPublication], mixed: bool | None = None
+    ) -> tuple[list[Publication | None], list[bytes], bool, bool, str]:
+        """``batch``'s commands, packed one each: per publication its publication (None
+        for a plain ``PUBLISH``), the commands, whether the script is loaded first
+        (``mixed``: publications with and without history; found here if not given),
+        whether ``WAIT`` ends them, and the batch's epoch."""
         script = scripts.PUBLISH
         calls: list[Publication | None] = []
         packed: list[bytes] = []  # one packed command each
-        mixed = len({item.history for item in batch}) > 1
+        if mixed is None:
+            history = batch[0].history
+            mixed = any(item.history != history for item in batch)
         if mixed:
             # A Redis without the script would run the plain PUBLISHes at once and
             # the scripted ones only when sent again: load it first to keep order.
@@ -236,14 +380,35 @@ class ConnectionBatches(Outbox):
         waits = bool(self.wait_replicas) and any(call is not None for call in calls)
         if waits:
             packed.append(pack_commands([("WAIT", self.wait_replicas, ms(self.wait_timeout))]))
-        if self._publisher is None:
-            conn = self._new_publish_connection()
-            self._publisher = (conn, await connected_reply_reader(conn))
-        reader = self._publisher[1]
-        waiter = reader.expect(len(packed))  # each command's error is its reply
-        reader.write(b"".join(packed))
-        self._batch_sent = True
-        replies = await waiter
+        return calls, packed, mixed, waits, epoch
+
+    async def _pipeline(
+        self, batch: list[PendingPublication], flight: _Flight | None = None
+    ) -> list[Any]:
+        """Publish ``batch`` in one round trip on the publications' connection; a
+        result (position or None) or the error per publication. With ``flight``, the
+        batch was sent already (:meth:`_send_directly`) and its replies are in.
+
+        The connection is driven directly (the commands packed here, the replies read
+        in order), without a client, a pool or a pipeline object; its caller sets the
+        deadline."""
+        script = scripts.PUBLISH
+        if flight is None:
+            calls, packed, mixed, waits, epoch = self._pack(batch)
+            if self._publisher is None:
+                conn = self._new_publish_connection()
+                self._publisher = (conn, await connected_reply_reader(conn))
+            reader = self._publisher[1]
+            waiter = reader.expect(len(packed))  # each command's error is its reply
+            reader.write(b"".join(packed))
+            self._batch_sent = True
+            replies = await waiter
+        else:
+            calls, mixed, waits, epoch = flight.calls, False, False, flight.epoch
+            if isinstance(flight.replies, BaseException):
+                raise flight.replies  # the connection's error, as the waiter's
+            assert flight.replies is not None, "settled before its replies arrived"
+            replies = flight.replies
         if mixed:
             replies = replies[1:]
         kept = replies.pop() if waits else None

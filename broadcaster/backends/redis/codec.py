@@ -142,7 +142,7 @@ def decode_publication(payload: bytes | str) -> Publication:
 def position_of(reply: Any) -> Position:
     """The position a publish script returned (``{offset, epoch}``)."""
     offset, epoch = reply
-    return Position(int(offset), text(epoch))
+    return make_position(int(offset), epoch.decode() if type(epoch) is bytes else epoch)
 
 
 def publish_result(reply: Any, scripted: bool) -> Position | BaseException | None:

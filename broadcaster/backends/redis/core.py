@@ -79,6 +79,7 @@ __all__ = [
     "PROBE_TTL_MS",
     "BackendCore",
     "PendingPublication",
+    "pending_publication",
     "refusal_of",
 ]
 
@@ -107,6 +108,26 @@ class PendingPublication:
     publication: Publication
     history: bool
     done: asyncio.Future[Position | None]
+
+
+_new = object.__new__
+_set_pending = tuple(
+    PendingPublication.__dict__[name].__set__ for name in ("publication", "history", "done")
+)
+
+
+def pending_publication(
+    publication: Publication, history: bool, done: asyncio.Future[Position | None]
+) -> PendingPublication:
+    """``PendingPublication(publication, history, done)``, with its slots set directly
+    (the frozen dataclass's ``__init__`` goes through ``object.__setattr__`` for each):
+    one per publication."""
+    set_publication, set_history, set_done = _set_pending
+    pending: PendingPublication = _new(PendingPublication)
+    set_publication(pending, publication)
+    set_history(pending, history)
+    set_done(pending, done)
+    return pending
 
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -362,8 +383,7 @@ class BackendCore:
         for task in pending:
             log.warning("task %s did not stop when cancelled", task.get_name())
         self._tasks = []
-        while self._sending:  # publications already accepted still go out
-            await asyncio.gather(*self._sending, return_exceptions=True)
+        await self._sent()  # publications already accepted still go out
         await self._drop_publisher()
         with contextlib.suppress(*_ERRORS):
             await self._withdraw()
@@ -541,6 +561,11 @@ class BackendCore:
     async def _drop_publisher(self) -> None:
         """Close the publications' connection, if any."""
         raise NotImplementedError
+
+    async def _sent(self) -> None:
+        """Wait until the writes in flight (and those they send after them) are done."""
+        while self._sending:
+            await asyncio.gather(*self._sending, return_exceptions=True)
 
     async def _restore(self) -> None:
         """Write this node's heartbeat, counts and presence entries."""

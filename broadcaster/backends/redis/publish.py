@@ -332,8 +332,9 @@ class PublishPacker:
         else:
             routing = b" %b\n" % exclude.encode()
         frame = frame_head(p.event, p.channel, p.data, p.user_id)
-        after = b"%b%b%b" % (routing, frame, FRAME_POSITION)
-        return b"%b%b%b%b" % (head, _bulk(epoch.encode()), _bulk(after), self._tail)
+        # Joined, not %-formatted: this runs for every publication.
+        after = routing + frame + FRAME_POSITION
+        return b"".join((head, _bulk(epoch.encode()), _bulk(after), self._tail))
 
     def _head(self, p: Publication) -> bytes:
         prefix, size, ttl, meta_ttl = self._history
@@ -354,7 +355,7 @@ def _arg(value: str | int | bytes) -> bytes:
 
 
 def _bulk(value: bytes) -> bytes:
-    return b"$%d\r\n%b\r\n" % (len(value), value)
+    return b"$%d\r\n" % len(value) + value + b"\r\n"
 
 
 async def publish_via_redis_cluster(

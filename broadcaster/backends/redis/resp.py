@@ -203,17 +203,22 @@ class PubSubReader(asyncio.Protocol):
             self._transport.abort()
 
 
+Replied = Callable[[list[Any] | BaseException], None]
+"""What :meth:`ReplyReader.expect_call` calls: with the replies, or the connection's error."""
+
+
 class ReplyReader(PubSubReader):
     """Reads a command connection's replies in order and hands them over in batches:
     :meth:`expect` a number of replies, :meth:`write` the packed commands, await the
-    list. No stream buffer, coroutine or await per reply (the backend's publications
-    connection). An error reply is its command's reply, as a
-    ``ResponseError`` (``NoScriptError`` for NOSCRIPT); a lost or unreadable connection
-    fails every batch still waiting."""
+    list (or :meth:`expect_call`: a function gets it). No stream buffer, coroutine or
+    await per reply (the backend's publications connection). An error reply is its
+    command's reply, as a ``ResponseError`` (``NoScriptError`` for NOSCRIPT); a lost or
+    unreadable connection fails every batch still waiting."""
 
     def __init__(self) -> None:
         super().__init__(self._unexpected)
-        self._waiting: deque[tuple[int, list[Any], asyncio.Future[list[Any]]]] = deque()
+        # Per batch: its count, its replies so far, and its future or function.
+        self._waiting: deque[tuple[int, list[Any], asyncio.Future[list[Any]] | Replied]] = deque()
 
     def expect(self, count: int) -> asyncio.Future[list[Any]]:
         """A future of the next ``count`` replies (after those expected before)."""
@@ -223,6 +228,18 @@ class ReplyReader(PubSubReader):
         else:
             self._waiting.append((count, [], future))
         return future
+
+    def expect_call(self, count: int, replied: Replied) -> None:
+        """Call ``replied`` with the next ``count`` replies (after those expected
+        before) as soon as they are read, from the read itself: no future, no task,
+        no wake-up of its own. If the connection is lost (or was) or unreadable first,
+        ``replied`` gets the error instead, on a later tick. ``replied`` must not
+        raise."""
+        if self.lost.done():
+            error = RedisConnectionError(f"connection lost: {self.lost.result()}")
+            self._loop.call_soon(replied, error)
+        else:
+            self._waiting.append((count, [], replied))
 
     def write(self, data: bytes) -> None:
         """Send ``data`` (packed commands) on the connection."""
@@ -238,7 +255,7 @@ class ReplyReader(PubSubReader):
             while (reply := parser.gets()) is not False:
                 if not waiting:
                     raise hiredis.ProtocolError(f"a reply nobody waits for: {reply!r:.80}")
-                count, replies, future = waiting[0]
+                count, replies, target = waiting[0]
                 if isinstance(reply, hiredis.ReplyError):
                     text = str(reply)
                     reply = (
@@ -247,8 +264,10 @@ class ReplyReader(PubSubReader):
                 replies.append(reply)
                 if len(replies) == count:
                     waiting.popleft()
-                    if not future.done():  # not cancelled meanwhile
-                        future.set_result(replies)
+                    if not isinstance(target, asyncio.Future):
+                        target(replies)  # expect_call
+                    elif not target.done():  # not cancelled meanwhile
+                        target.set_result(replies)
         except hiredis.ProtocolError as exc:
             self._fail(RedisConnectionError(f"unreadable reply: {exc}"))
 
@@ -265,9 +284,12 @@ class ReplyReader(PubSubReader):
 
     def _fail_waiting(self, exc: BaseException) -> None:
         waiting, self._waiting = self._waiting, deque()
-        for _, _, future in waiting:
-            if not future.done():
-                future.set_exception(RedisConnectionError(f"connection lost: {exc}"))
+        for _, _, target in waiting:
+            error = RedisConnectionError(f"connection lost: {exc}")
+            if not isinstance(target, asyncio.Future):
+                self._loop.call_soon(target, error)  # later, as a future's callbacks
+            elif not target.done():
+                target.set_exception(error)
 
 
 async def connected_reply_reader(conn: AbstractConnection) -> ReplyReader:
