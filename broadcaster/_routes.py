@@ -139,7 +139,8 @@ def _deliver(routes: dict[bytes, Route], reply: list[Any]) -> bool:
     if len(fields) != 3:
         return False
     offset, epoch, exclude = fields
-    if exclude != b"-" or epoch != route.epoch or not offset.isdigit():
+    # (At most 18 digits, as the compiled one parses: past what a position reaches.)
+    if exclude != b"-" or epoch != route.epoch or not offset.isdigit() or len(offset) > 18:
         return False
     if int(offset) != route.offset + 1:
         return False
