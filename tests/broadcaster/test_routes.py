@@ -165,6 +165,12 @@ def test_a_connection_not_ready_for_a_direct_write_declines(kind: str, why: str)
     assert case.raw.written == b""
 
 
+def test_an_offset_past_18_digits_is_declined_even_when_it_is_the_next(kind: str) -> None:
+    case = Case(kind, offset=10**18 - 1)
+    assert case.push(offset=str(10**18).encode()) is False  # 19 digits: the full path
+    assert case.route.offset == 10**18 - 1
+
+
 def test_a_frame_over_the_buffer_limit_with_the_backlog_is_declined(kind: str) -> None:
     case = Case(kind, limit=100)
     frame = b"x" * 60  # 62 bytes framed
