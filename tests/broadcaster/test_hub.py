@@ -16,7 +16,6 @@ from broadcaster import hub as hub_module
 from broadcaster import protocol
 from broadcaster.backends.base import BackendUnavailable, HistoryResult
 from broadcaster.backends.redis import resp
-from broadcaster.backends.redis.codec import route_head, split_payload
 from broadcaster.backends.redis.resp import PubSubReader
 from broadcaster.connection import Delivery
 from broadcaster.hub import Hub, Resumed
@@ -27,7 +26,9 @@ from tests.support.hub import (
     RecordingSocket,
     ScriptedBackend,
     publication,
+    pubsub_push,
     recording_connection,
+    routed_reader,
     tick,
     with_routes,
 )
@@ -55,29 +56,11 @@ class RoutedHub(Hub):
     _reader: PubSubReader | None = None
 
     def deliver(self, publication: Publication) -> None:
-        p = publication
         table = self._routes
         assert table is not None  # made with a RoutedBackend
         if self._reader is None:
-            self._reader = PubSubReader(
-                lambda reply: None,
-                on_message=lambda data: self.deliver_encoded(*split_payload(data)),
-                routes=table,
-            )
-        position = None if p.position is None else str(p.position)
-        frame = protocol.channel_event(p.event, p.channel, p.data, p.user_id, position)
-        offset, epoch = (
-            (b"-", b"-")
-            if p.position is None
-            else (
-                str(p.position.offset).encode(),
-                p.position.epoch.encode(),
-            )
-        )
-        exclude = (p.exclude_socket_id or "-").encode()
-        payload = route_head(p.app_id, p.channel) + b" ".join((offset, epoch, exclude))
-        push = (b"message", table.name_of(p.app_id, p.channel), payload + b"\n" + frame)
-        self._reader.data_received(resp.pack_commands([push]))  # a RESP2 push is an array
+            self._reader = routed_reader(self, table)
+        self._reader.data_received(pubsub_push(table, publication))
 
 
 _hub_class: type[Hub] = Hub

@@ -15,11 +15,9 @@ import pytest
 import broadcaster
 from broadcaster import _routes as routes
 from broadcaster import hub as hub_module
-from broadcaster import protocol
 from broadcaster._frames import PreparedMessage
 from broadcaster.backends.redis import resp
 from broadcaster.backends.redis.codec import route_head, split_payload
-from broadcaster.backends.redis.resp import PubSubReader
 from broadcaster.connection import ConnectionState, Delivery
 from broadcaster.hub import Hub
 from broadcaster.metrics import Metrics
@@ -29,7 +27,9 @@ from tests.support.hub import (
     RecordingSocket,
     ScriptedBackend,
     publication,
+    pubsub_push,
     recording_connection,
+    routed_reader,
     tick,
     with_routes,
 )
@@ -199,18 +199,10 @@ class Node:
         self.metrics = Metrics()
         self.hub = Hub(self.backend, self.metrics)  # type: ignore[arg-type]
         self.table: routes.RouteTable = self.backend.routes  # type: ignore[attr-defined]
-        self.reader = PubSubReader(
-            lambda reply: None,
-            on_message=lambda data: self.hub.deliver_encoded(*split_payload(data)),
-            routes=self.table,
-        )
+        self.reader = routed_reader(self.hub, self.table)
 
     def publish(self, offset: int, epoch: str = "e1", channel: str = CH) -> None:
-        p = publication(channel, offset, epoch)
-        frame = protocol.channel_event(p.event, p.channel, p.data, None, f"{epoch}:{offset}")
-        head = route_head(APP.id, channel) + f"{offset} {epoch} -\n".encode()
-        name = self.table.name_of(APP.id, channel)
-        self.reader.data_received(resp.pack_commands([(b"message", name, head + frame)]))
+        self.reader.data_received(pubsub_push(self.table, publication(channel, offset, epoch)))
 
     def entry(self, channel: str = CH) -> Any:
         return self.hub._channels[(APP.id, channel)]

@@ -10,9 +10,16 @@ from typing import Any
 
 from broadcaster._routes import RouteTable
 from broadcaster.backends.base import BackendUnavailable, HistoryResult
-from broadcaster.backends.redis.codec import route_head
+from broadcaster.backends.redis.codec import (
+    encode_publication,
+    route_head,
+    script_payload,
+    split_payload,
+)
+from broadcaster.backends.redis.resp import PubSubReader, pack_commands
 from broadcaster.connection import Connection, Delivery
-from broadcaster.publication import Position, Publication
+from broadcaster.hub import Hub
+from broadcaster.publication import FRAME_END, Position, Publication
 from broadcaster.settings import AppConfig
 
 APP = AppConfig(id="1", key="key", secret="secret")
@@ -180,6 +187,28 @@ def with_routes(backend: ScriptedBackend) -> ScriptedBackend:
     routed.routes = RouteTable(_Routed.name_of, route_head)
     routed._breaks = breaks
     return backend
+
+
+def pubsub_push(table: RouteTable, p: Publication) -> bytes:
+    """``p`` as a Redis pub/sub ``message`` push on its channel, the payload as the
+    publish script makes it (with a position) or as a plain ``PUBLISH`` sends it."""
+    if p.position is None:
+        payload = encode_publication(p)
+    else:
+        before, after = script_payload(p)
+        offset, epoch = str(p.position.offset).encode(), p.position.epoch.encode()
+        payload = before + offset + b" " + epoch + after + epoch + b":" + offset + FRAME_END
+    return pack_commands([(b"message", table.name_of(p.app_id, p.channel), payload)])
+
+
+def routed_reader(hub: Hub, table: RouteTable) -> PubSubReader:
+    """A pub/sub reader as the Redis backend makes it: direct routes first, then the
+    hub's encoded path."""
+    return PubSubReader(
+        lambda reply: None,
+        on_message=lambda data: hub.deliver_encoded(*split_payload(data)),
+        routes=table,
+    )
 
 
 def recording_connection(
