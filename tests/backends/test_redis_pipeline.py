@@ -69,23 +69,32 @@ async def test_a_redis_without_the_publish_script_still_publishes_a_pipeline(
     assert [p.data for p in node.on("c")] == ["0", "1", "2", "3", "4"]
 
 
+@pytest.mark.parametrize(
+    ("open_first", "refused"),
+    [(False, BackendUnavailable), (True, PublishUnconfirmed)],
+    ids=["in-a-task", "without-a-task"],
+)
 async def test_a_batch_redis_does_not_answer_fails_at_its_deadline_and_the_next_goes_out(
-    redis_server: RedisServer,
+    redis_server: RedisServer, open_first: bool, refused: type[BackendUnavailable]
 ) -> None:
     """One timer watches the batch in flight: past ``command_timeout`` its callers get
-    BackendUnavailable, and the following batch goes out on a new connection."""
+    BackendUnavailable, and the following batch goes out on a new connection. Both for
+    a batch that opens the publications' connection (in a task) and for one sent on the
+    open connection without a task (unconfirmed: it was written)."""
     backend = RedisBackend(
         redis_server.url, prefix=f"test-{uuid.uuid4().hex[:12]}", apps=(APP,), command_timeout=0.3
     )
     started = Node(backend)
     await backend.start(started.on_publication, started.on_control)
     try:
+        if open_first:
+            await _connected(started)
         await backend.subscribe(APP, "t")
         async with Redis.from_url(redis_server.url) as admin:
             await admin.client_pause(1500, all=True)  # ends by itself
             calls = [backend.publish(pub("t", n)) for n in range(3)]
             results = await asyncio.gather(*calls, return_exceptions=True)
-        assert all(isinstance(r, BackendUnavailable) for r in results), results
+        assert all(isinstance(r, refused) for r in results), results
         assert all("no answer within 0.3 s" in str(r) for r in results)
         await eventually(lambda: backend.ready, "Redis to answer again")
         position = await backend.publish(pub("t", 9))
@@ -191,31 +200,6 @@ async def test_a_script_flush_on_the_open_connection_is_retried_in_order(
     assert [p.offset for p in positions if p is not None] == [1, 2, 3, 4, 5]
     await node.wait_for("f", 5)
     assert [p.data for p in node.on("f")] == ["0", "1", "2", "3", "4"]
-
-
-async def test_a_batch_on_the_open_connection_fails_at_its_deadline_and_the_next_goes_out(
-    redis_server: RedisServer,
-) -> None:
-    backend = RedisBackend(
-        redis_server.url, prefix=f"test-{uuid.uuid4().hex[:12]}", apps=(APP,), command_timeout=0.3
-    )
-    started = Node(backend)
-    await backend.start(started.on_publication, started.on_control)
-    try:
-        await _connected(started)
-        await backend.subscribe(APP, "t")
-        async with Redis.from_url(redis_server.url) as admin:
-            await admin.client_pause(1500, all=True)  # ends by itself
-            calls = [backend.publish(pub("t", n)) for n in range(3)]
-            results = await asyncio.gather(*calls, return_exceptions=True)
-        assert all(isinstance(r, PublishUnconfirmed) for r in results), results
-        assert all("no answer within 0.3 s" in str(r) for r in results)
-        await eventually(lambda: backend.ready, "Redis to answer again")
-        position = await backend.publish(pub("t", 9))
-        assert position is not None
-        await eventually(lambda: "9" in [p.data for p in started.on("t")], "the publication")
-    finally:
-        await backend.stop()
 
 
 async def test_a_batch_whose_connection_is_lost_is_unconfirmed_and_the_next_reconnects(

@@ -38,6 +38,18 @@ def require_binary(name: str) -> str:
     return path
 
 
+def require_bench_packages() -> None:
+    """What the bench's runs need (Node, redis-server, bench/node's npm packages); skips
+    the test when something is missing, fails instead under CI."""
+    require_binary("node")
+    require_binary("redis-server")
+    if not (REPO / "bench" / "node" / "node_modules").is_dir():
+        message = "bench/node/node_modules is missing (scripts/install --test installs it)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

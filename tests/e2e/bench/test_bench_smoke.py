@@ -17,23 +17,13 @@ from bench.agents import emitter_packet
 from bench.envelope import ENVELOPE_BYTES, envelope
 from bench.shards import run_shards
 from broadcaster.envelope import StreamChunk, parse_envelope
-from tests.support.processes import IN_CI, REPO, require_binary
+from tests.support.processes import REPO, require_bench_packages
 
 pytestmark = [pytest.mark.node, pytest.mark.redis]
 
 
-def _require_bench_packages() -> None:
-    require_binary("node")
-    require_binary("redis-server")
-    if not (REPO / "bench" / "node" / "node_modules").is_dir():
-        message = "bench/node/node_modules is missing (scripts/install --test installs it)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
-
-
 def test_python_and_node_build_the_same_valid_300_byte_envelope() -> None:
-    _require_bench_packages()
+    require_bench_packages()
     text = envelope("bench-3", 42, ts_micros=1_700_000_000_123_456)
     script = (
         "process.stdout.write(require('./envelope.js').envelope('bench-3', 42, 1700000000123456))"
@@ -58,7 +48,7 @@ def test_python_and_node_build_the_same_valid_300_byte_envelope() -> None:
 def test_smallest_fanout_run_delivers_every_message_to_every_client() -> None:
     """5 clients, 200 publications, the plain-websockets reference and our server: each
     run reports 1,000 deliveries, none lost, reordered or on the wrong channel."""
-    _require_bench_packages()
+    require_bench_packages()
     argv = [sys.executable, "-m", "bench", "--scenarios", "fanout"]
     argv += ["--servers", "websockets,broadcaster", "--clients", "5", "--messages", "200"]
     run = subprocess.run(
@@ -80,7 +70,7 @@ def test_smallest_fanout_run_delivers_every_message_to_every_client() -> None:
 def test_agent_publisher_builds_the_packet_socketio_redis_emitter_builds() -> None:
     """The socket.io reference's agent traffic is what ``@socket.io/redis-emitter``
     publishes: the same MessagePack bytes, long data included."""
-    _require_bench_packages()
+    require_bench_packages()
     data = "x" * 300 + "é"
     script = (
         "const notepack = require('notepack.io');"
@@ -106,7 +96,7 @@ def test_smallest_channels_idle_and_agents_runs_count_every_delivery() -> None:
     """Tiny runs of the paced 'channels', 'idle' and 'agents' scenarios on our server:
     every publication delivered once, in order, with history on; real agent sessions'
     envelopes all reach their 1-3 viewers."""
-    _require_bench_packages()
+    require_bench_packages()
     argv = [sys.executable, "-m", "bench", "--scenarios", "channels,idle,agents"]
     argv += ["--servers", "broadcaster", "--channels", "20", "--channels-rate", "200"]
     argv += ["--duration", "1", "--idle", "50", "--agent-sessions", "3"]
@@ -137,7 +127,7 @@ def test_smallest_channels_idle_and_agents_runs_count_every_delivery() -> None:
 def test_quick_http_run_measures_the_bare_uvicorn_reference_and_checks_issue_17() -> None:
     """The bare-uvicorn reference takes the same signed requests (every one answered 200,
     nothing delivered) and the report checks the HTTP targets against it."""
-    _require_bench_packages()
+    require_bench_packages()
     argv = [sys.executable, "-m", "bench", "--quick", "--scenarios", "http"]
     argv += ["--servers", "uvicorn,broadcaster", "--no-save"]
     run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=110, check=False)
@@ -160,7 +150,7 @@ def test_quick_http_run_measures_the_bare_uvicorn_reference_and_checks_issue_17(
 def test_smallest_shards_run_delivers_every_publication_through_3_shards() -> None:
     """bench/shards.py over a 3-primary cluster and 2 server nodes, one step of 1 s at
     300/s on 8 channels: every publication reaches both nodes' clients, none lost."""
-    _require_bench_packages()
+    require_bench_packages()
     sizes = SimpleNamespace(channels=8, seconds=1.0, rates=(300,))
     result = asyncio.run(run_shards(3, sizes))
     (step,) = result["steps"]
@@ -189,7 +179,7 @@ def test_smallest_agentside_run_counts_both_sides_in_redis_history() -> None:
     """A tiny 'agentside' run: the product's sessions and the bench's own publisher both
     report their figures, and every envelope either side published is in its channel's
     Redis history (nothing lost, nothing dropped)."""
-    _require_bench_packages()
+    require_bench_packages()
     argv = [sys.executable, "-m", "bench", "--scenarios", "agentside", "--servers", "broadcaster"]
     argv += ["--agentside-sessions", "3", "--agentside-duration", "1", "--no-save"]
     run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=110, check=False)

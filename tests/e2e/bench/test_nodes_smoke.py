@@ -13,19 +13,9 @@ import sys
 
 import pytest
 
-from tests.support.processes import IN_CI, REPO, require_binary
+from tests.support.processes import REPO, require_bench_packages
 
 pytestmark = [pytest.mark.node, pytest.mark.redis]
-
-
-def _require_bench_packages() -> None:
-    require_binary("node")
-    require_binary("redis-server")
-    if not (REPO / "bench" / "node" / "node_modules").is_dir():
-        message = "bench/node/node_modules is missing (scripts/install --test installs it)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
 
 
 @pytest.mark.slow
@@ -35,7 +25,7 @@ def test_smallest_nodes_runs_deliver_every_broadcast_and_private_message() -> No
     cluster: every connection subscribed to the shared and its private channel (signed),
     every broadcast reached every client once, every private publication its owner only,
     no close, no slow-consumer cut, and the report checks the scenario's targets."""
-    _require_bench_packages()
+    require_bench_packages()
     argv = [sys.executable, "-m", "bench", "--quick", "--scenarios", "nodes,nodes-cluster"]
     argv += ["--servers", "socketio,broadcaster", "--nodes-connections", "200", "--no-save"]
     run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=230, check=False)
