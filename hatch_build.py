@@ -42,13 +42,16 @@ def compile_extension(source: Path, target: Path) -> bool:
     compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")
     flags = shlex.split(sysconfig.get_config_var("CCSHARED") or "-fPIC")
     include = sysconfig.get_paths()["include"]
+    # Warnings fail the build in CI only: another compiler's new warning must not send a
+    # user's install to the slower Python definition.
+    strict = ["-Werror"] if os.environ.get("CI") == "true" else []
     command = [
         *compiler,
         *flags,
         "-shared",
         "-O2",
         "-Wall",
-        "-Werror",
+        *strict,
         "-Wno-missing-field-initializers",
         f"-I{include}",
         str(source),

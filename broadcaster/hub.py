@@ -778,6 +778,8 @@ class Hub:
         if entry.route_names is None:
             entry.route_names = (table.name_of(*key), table.head_of(*key))
         name, head = entry.route_names
+        if name in table.routes:
+            return  # (a stale route of another entry: that one detaches it)
         route = Route(
             table,
             name,
@@ -789,9 +791,7 @@ class Hub:
             conn.buffer_limit,
             ConnectionState.OPEN,
         )
-        if route.name in table.routes:
-            return  # (a stale route of another entry: that one detaches it)
-        table.routes[route.name] = route
+        table.routes[name] = route
         entry.route = route
 
     def _delivered_directly(self, count: int, started: float) -> None:
