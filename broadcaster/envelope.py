@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 __all__ = [
     "ENVELOPE_TYPES",
+    "ROUTING_PHASES",
     "SCHEMA_FILE",
     "SCHEMA_VERSION",
     "AgentContinuation",
@@ -52,6 +53,14 @@ SCHEMA_VERSION = "1.2.0"
 """1.1.0 added ``agent.tool.started`` ``arguments``; 1.2.0 ``parent_execution_id`` and
 ``parent_tool_call_id`` on every payload (a nested run's link; optional, additive)."""
 SCHEMA_FILE = "schemas/agent-envelope.v1.schema.json"
+ROUTING_PHASES = frozenset(
+    {"reference_resolver", "intent_classifier", "continuation_decider", "session_memory"}
+)
+"""The tool names of a routed run's phases: published as ``agent.tool.started`` /
+``agent.tool.completed`` pairs, but not tool calls of the agent. Every surface counts
+and shows them apart from the run's tool calls (``routing_phases`` in the run index,
+``routing`` in a step of the kits' ``RunView``, ``CUSTOM agent.routing`` in AG-UI,
+``data-routing`` in the Vercel AI stream, ``routing <phase>`` spans in OpenTelemetry)."""
 _TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 
 
