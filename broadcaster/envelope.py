@@ -46,6 +46,7 @@ __all__ = [
     "channel_for",
     "json_schema",
     "parse_envelope",
+    "run_usage",
     "utc_timestamp",
 ]
 
@@ -113,6 +114,21 @@ class UsagePayload(_Model):
     prompt: int = Field(default=0, ge=0)
     completion: int = Field(default=0, ge=0)
     total: int = Field(default=0, ge=0)
+
+
+def run_usage(steps: list[UsagePayload], reported: UsagePayload | None) -> UsagePayload | None:
+    """A run's own tokens: the sum of its ``agent.step.completed`` usage, or, when no
+    step reported any (a framework that reports usage at the end only), ``reported``,
+    the final status's. An ``agent_core`` run's final status counts its session's
+    tokens (a second run's include the first's), so the sum is what every surface shows
+    as the run's tokens (the run index, AG-UI, the Vercel AI stream, OpenTelemetry)."""
+    if not any(usage.total or usage.prompt or usage.completion for usage in steps):
+        return reported
+    return UsagePayload(
+        prompt=sum(u.prompt for u in steps),
+        completion=sum(u.completion for u in steps),
+        total=sum(u.total for u in steps),
+    )
 
 
 class StatusPayload(_Payload):
