@@ -838,6 +838,10 @@ class SessionWatch:
             return await self._resumed(ws, socket_id, _data(message))
         if not self._accepting or not isinstance(event, str) or not event.startswith("agent."):
             return False
+        if self._ended:
+            # The run ended within a replay: what follows in it is a later run's, not
+            # this one's (the watch only waits for the resume answer now).
+            return False
         position = message.get("position")
         position = position if isinstance(position, str) else None
         if _is_replay(self._received, position):

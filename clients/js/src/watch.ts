@@ -138,7 +138,8 @@ class Watch implements SessionWatch {
   }
 
   envelope(envelope: AgentEventEnvelope, position: string | null): void {
-    if (this.finished) return;
+    // After the run's end within a replay, what follows is a later run's, not this one's.
+    if (this.finished || this.endPending) return;
     const view = reduceRun(this.current.view, envelope, position);
     if (view === this.current.view) return;
     this.update({ view });

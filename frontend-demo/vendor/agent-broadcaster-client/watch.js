@@ -59,7 +59,8 @@ class Watch {
             listener(this.current);
     }
     envelope(envelope, position) {
-        if (this.finished)
+        // After the run's end within a replay, what follows is a later run's, not this one's.
+        if (this.finished || this.endPending)
             return;
         const view = reduceRun(this.current.view, envelope, position);
         if (view === this.current.view)
