@@ -382,7 +382,8 @@ class FrameworkRun(EnvelopeEmitter):
             last = output if isinstance(output, str) else orjson.dumps(output, default=str).decode()
             if not self._messages or self._messages[-1].get("content") != last:
                 self._messages.append({"role": "assistant", "content": last, "metadata": {}})
-        state_url = await self._store(self.snapshot(status, error))
+        snapshot = self.snapshot(status, error)
+        state_url = await self._store(snapshot)
         payload = env.StatusPayload(
             status="failed" if status == "failed" else "completed",
             step_count=len(self._steps),
@@ -401,6 +402,12 @@ class FrameworkRun(EnvelopeEmitter):
         runs = run_recorder(self.state_store)
         if runs is not None and self.execution_id:  # again, the final status delivered
             await runs.ended(self.channel, self.execution_id, status=status, error=error)
+        elif state_url is not None and self.state_store is _own_store(self.publisher):
+            # The publisher's own store, which the server indexes the run from when it
+            # stores (the HTTP API's PUT state, the backend's store): again, now that the
+            # final status is delivered, so that the run's trace and index row end with
+            # it (the first store came before it, for its state_url).
+            await self._store(snapshot)
 
     async def _flush_publisher(self) -> None:
         """Wait until a buffered publisher delivered the run, final status included, so
