@@ -175,13 +175,17 @@ async def _sse_since(runs: Sequence[ProducedRun]) -> Reading:
 async def _sse_until_final(runs: Sequence[ProducedRun]) -> Reading:
     async def read(run: ProducedRun) -> RunFacts:
         url = f"{run.url}/api/sessions/{run.session_id}/events?since={run.since}&until=final"
-        records = await _sse_records(url, until_final=True)
-        facts = facts_from_envelopes(records)
-        last = records[-1][0] if records else None
-        # The stream ends right after the run's own final status, not before, not after.
-        return facts if last == facts.end else replace(facts, end=f"the stream ended at {last}")
+        return _ended_at_its_end(await _sse_records(url, until_final=True))
 
     return await _each(runs, read)
+
+
+def _ended_at_its_end(records: Sequence[Record]) -> RunFacts:
+    """The facts of a follow that ends by itself: it must end right after the run's own
+    final status, not before (a nested run's), not after (a later run's)."""
+    facts = facts_from_envelopes(records)
+    last = records[-1][0] if records else None
+    return facts if last == facts.end else replace(facts, end=f"the follow ended at {last}")
 
 
 # -- AG-UI (@ag-ui/client's HttpAgent, its verification on) ------------------------------
@@ -517,7 +521,7 @@ async def _tail(runs: Sequence[ProducedRun]) -> Reading:
         result = next((line for line in lines if line.get("type") == "tail.result"), None)
         assert result is not None, (proc.returncode, lines[-3:], err.decode()[-2000:])
         records = [(line["position"], line["envelope"]) for line in lines if "envelope" in line]
-        facts = facts_from_envelopes(records)
+        facts = _ended_at_its_end(records)
         # The status is what the exit code says, when the result line agrees with it.
         said = EXITS.get(proc.returncode or 0, f"exit {proc.returncode}")
         if result["status"] != said:
