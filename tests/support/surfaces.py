@@ -532,6 +532,62 @@ async def _tail(runs: Sequence[ProducedRun]) -> Reading:
     return await _each(runs, read, at_once=3, within=60)
 
 
+# -- the dashboard's run page in Chromium ----------------------------------------------------
+
+
+def _count(text: str) -> int:
+    """A number as the page formats it (``1,234``)."""
+    return int("".join(ch for ch in text if ch.isdigit()) or "0")
+
+
+async def _run_page(runs: Sequence[ProducedRun]) -> Reading:
+    """``/demo/run.html?session=…&execution=…``, read from the DOM (ids and data
+    attributes) once the page says it rendered that run."""
+    from playwright.async_api import async_playwright
+
+    from tests.support.pages import CHROMIUM_ARGS, WAIT_MS, require_chromium
+
+    executable = require_chromium()
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=executable, args=CHROMIUM_ARGS, headless=True
+        )
+        try:
+
+            async def read(run: ProducedRun) -> RunFacts:
+                context = await browser.new_context()
+                try:
+                    page = await context.new_page()
+                    errors: list[str] = []
+                    page.on("pageerror", lambda error: errors.append(str(error)))
+                    query = f"session={run.session_id}&execution={run.execution_id}"
+                    await page.goto(f"{run.url}/demo/run.html?{query}")
+                    rendered = f'body[data-rendered="{run.execution_id}"]'
+                    await page.wait_for_selector(rendered, state="attached", timeout=WAIT_MS)
+                    assert not errors, f"JavaScript errors on the page: {errors}"
+
+                    async def text(selector: str) -> str:
+                        return (await page.inner_text(selector)).strip()
+
+                    stop = await text("#run-stop")
+                    error = await text("#run-error")
+                    return RunFacts(
+                        execution_id=await text("#execution-id"),
+                        status=await page.get_attribute("#run-status", "data-status"),
+                        stop_reason=None if stop == "—" else stop,
+                        error=error.removeprefix("Error: ") or None,
+                        steps=_count(await text("#run-steps")),
+                        tool_calls=_count(await text("#run-tools")),
+                        total_tokens=_count(await text("#run-tokens")),
+                    )
+                finally:
+                    await context.close()
+
+            return await _each(runs, read, at_once=4)
+        finally:
+            await browser.close()
+
+
 # -- the columns ------------------------------------------------------------------------------
 
 _NO_START = ALL - {"start"}
@@ -589,6 +645,22 @@ SURFACES: tuple[Surface, ...] = (
         clip={"error": (500, "")},
     ),
     Surface("tail-json", "`tail --json` + exit code", _tail, _FOLDED),
+    Surface(
+        "run-page",
+        "run page (Chromium)",
+        _run_page,
+        frozenset(
+            {
+                "execution_id",
+                "status",
+                "stop_reason",
+                "error",
+                "steps",
+                "tool_calls",
+                "total_tokens",
+            }
+        ),
+    ),
 )
 
 

@@ -8,7 +8,7 @@ import pytest
 from tests.support.conformance import Matrix, cells, check_cell, check_kind
 from tests.support.matrix import KINDS
 
-pytestmark = [pytest.mark.node, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.node, pytest.mark.browser, pytest.mark.timeout(300)]
 
 
 @pytest.mark.parametrize("kind", [k.name for k in KINDS if "memory" in k.backends])
