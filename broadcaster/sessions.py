@@ -63,6 +63,7 @@ from broadcaster.signing import (
 __all__ = [
     "SESSION_ID",
     "TRACE_FORMATS",
+    "FormatUnavailable",
     "SessionClaim",
     "SessionRefused",
     "bearer_token",
@@ -84,6 +85,11 @@ _N = TypeVar("_N", int, float)
 
 SESSION_ID = re.compile(r"^[A-Za-z0-9_\-=@,.;]{1,128}$")
 """Session ids are what may follow ``agent.`` in a channel name."""
+
+
+class FormatUnavailable(Exception):
+    """Raised by a trace exporter (:data:`TRACE_FORMATS`) that cannot work here, e.g. its
+    optional packages are not installed; the trace route answers 501 with the message."""
 
 
 class SessionRefused(Exception):
@@ -327,7 +333,10 @@ def routes(node: Node) -> list[Route]:
         if exporter is not None:
             envelopes = [entry["envelope"] for entry in stored["envelopes"]]
             # Up to 2 MiB of envelopes through the OpenTelemetry SDK: not on the loop.
-            body = orjson.dumps(await run_in_threadpool(exporter, envelopes))
+            try:
+                body = orjson.dumps(await run_in_threadpool(exporter, envelopes))
+            except FormatUnavailable as exc:
+                return _error(501, str(exc))
             name += ".otlp"
         else:
             answer = {
@@ -351,8 +360,9 @@ def routes(node: Node) -> list[Route]:
 
 TRACE_FORMATS = "trace_formats"
 """The key, in the extensions' shared state, of a ``{format: exporter}`` dict: an
-exporter turns a run's envelopes (dicts, in order) into a JSON-able document. The
-agent_core extension registers ``otlp`` (:mod:`agent_core.integrations.otel`)."""
+exporter turns a run's envelopes (dicts, in order) into a JSON-able document, or raises
+:class:`FormatUnavailable` (answered 501). The agent_core extension registers ``otlp``
+(:mod:`agent_core.integrations.otel`, which needs the ``[otel]`` extra)."""
 
 MAX_PAGE = 200
 DEFAULT_PAGE = 50

@@ -28,7 +28,6 @@ Settings come from ``AGENT_DEMO_*`` environment variables (:class:`DemoSettings`
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -60,6 +59,7 @@ from agent_core.app.runs import (
 )
 from agent_core.app.worker import RunQueue
 from agent_core.builder import DEFAULT_MAX_STEPS
+from agent_core.integrations._extras import missing_extra
 from agent_core.orchestrators.routing.router import ROUTING_MAX_STEPS
 from broadcaster._text import excerpt
 from broadcaster.backends import BackendUnavailable
@@ -71,6 +71,7 @@ from broadcaster.publishers import BackendStateStore, InProcessPublisher, state_
 from broadcaster.sessions import (
     SESSION_ID,
     TRACE_FORMATS,
+    FormatUnavailable,
     private_channel,
     public_channel,
     session_token,
@@ -282,16 +283,18 @@ def install(ctx: ExtensionContext) -> None:
 
 def _register_otlp(ctx: ExtensionContext) -> None:
     """Serve ``GET /api/sessions/{id}/trace?format=otlp`` through the OpenTelemetry
-    mapping, when its extra (``agent-broadcaster[otel]``) is installed."""
-    if importlib.util.find_spec("opentelemetry.sdk") is None:
-        return
+    mapping. Its packages are an extra (``agent-broadcaster[otel]``): they are imported
+    on first use, and without them the route answers 501 naming the extra."""
     ctx.state.setdefault(TRACE_FORMATS, {})["otlp"] = _otlp
 
 
 def _otlp(envelopes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    from agent_core.integrations.otel import otlp_json  # imported on first use
+    try:
+        from agent_core.integrations.otel import otlp_json  # imported on first use
 
-    return otlp_json(envelopes)
+        return otlp_json(envelopes)
+    except ModuleNotFoundError as exc:  # [otel] missing, or only part of it installed
+        raise FormatUnavailable(str(missing_extra(exc, "otel", "format=otlp"))) from None
 
 
 def _error(status: int, message: str, **extra: Any) -> JSONResponse:
