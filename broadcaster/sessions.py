@@ -38,6 +38,7 @@ from starlette.routing import Route
 
 from broadcaster._text import excerpt
 from broadcaster.backends.base import BackendUnavailable
+from broadcaster.cors import READ_METHODS, Endpoint, cross_origin
 from broadcaster.exceptions import ApiError
 from broadcaster.node import Node
 from broadcaster.publishers import state_key
@@ -66,6 +67,7 @@ __all__ = [
     "FormatUnavailable",
     "SessionClaim",
     "SessionRefused",
+    "asked_app",
     "bearer_token",
     "claim_key",
     "claim_session",
@@ -205,6 +207,12 @@ def request_app(node: Node, request: Request) -> AppConfig:
     if not app.enabled:
         raise SessionRefused(403, f"app {excerpt(app_id)} is disabled")
     return app
+
+
+def asked_app(node: Node, request: Request) -> AppConfig | None:
+    """The app named by ``?app_id=`` (default: the first one), None when there is none:
+    whose ``allowed_origins`` decide who may read the answer (:mod:`broadcaster.cors`)."""
+    return node.app_by_id(request.query_params.get("app_id") or node.apps[0].id)
 
 
 async def private_session_exists(node: Node, app: AppConfig, session_id: str) -> bool:
@@ -350,11 +358,17 @@ def routes(node: Node) -> list[Route]:
         headers = {"Content-Disposition": f'attachment; filename="{name}.json"'}
         return Response(body, media_type="application/json", headers=headers)
 
+    def read(path: str, endpoint: Endpoint) -> Route:
+        return Route(path, cross_origin(endpoint, app_of), methods=READ_METHODS)
+
+    def app_of(request: Request) -> AppConfig | None:
+        return asked_app(node, request)
+
     return [
-        Route("/api/sessions", sessions, methods=["GET"]),
-        Route("/api/sessions/{session_id}/state", state, methods=["GET"]),
-        Route("/api/sessions/{session_id}/runs", runs, methods=["GET"]),
-        Route("/api/sessions/{session_id}/trace", trace, methods=["GET"]),
+        read("/api/sessions", sessions),
+        read("/api/sessions/{session_id}/state", state),
+        read("/api/sessions/{session_id}/runs", runs),
+        read("/api/sessions/{session_id}/trace", trace),
     ]
 
 

@@ -8,6 +8,8 @@ Routes:
     ``GET /``                      the dashboard (``frontend-demo/``)
     ``GET /api/demo/config``       what the page needs: app key, private sessions, auth URL,
                                    default mode, driver, each mode's default step limit
+                                   (readable from the app's allowed origins, as the
+                                   session routes: :mod:`broadcaster.cors`)
     ``POST /run``                  ``{input, session_id?, trace?, pace_ms?, mode?}`` -> 202
                                    ``{session_id, execution_id, channel, state_url,
                                    position, auth?}``; subscribe with ``position`` to
@@ -64,6 +66,7 @@ from agent_core.orchestrators.routing.router import ROUTING_MAX_STEPS
 from broadcaster._text import excerpt
 from broadcaster.backends import BackendUnavailable
 from broadcaster.backends.base import DEFAULT_HISTORY_META_TTL as BACKEND_META_TTL
+from broadcaster.cors import READ_METHODS, cross_origin
 from broadcaster.extensions import ExtensionContext, ExtensionError
 from broadcaster.http_input import BodyRefused, describe_validation, read_body, validation_details
 from broadcaster.node import Node
@@ -268,11 +271,15 @@ def install(ctx: ExtensionContext) -> None:
 
     ctx.lifespans.append(lifespan)
     static = StaticFiles(directory=FRONTEND_DIR, html=True)
+
+    def app_of(request: Request) -> AppConfig:
+        return demo.app
+
     ctx.routes += [
         Route("/", static, name="dashboard"),
-        Route("/api/demo/config", _config(demo), methods=["GET"]),
+        Route("/api/demo/config", cross_origin(_config(demo), app_of), methods=READ_METHODS),
         Route("/run", run_gate(demo, _run(demo)), methods=GATED_METHODS),
-        Route(AUTH_PATH, _auth(demo), methods=["POST"]),
+        Route(AUTH_PATH, cross_origin(_auth(demo), app_of, ["POST"]), methods=["POST", "OPTIONS"]),
         Mount("/demo", static, name="demo-assets"),
     ]
     ctx.routes += agui.routes(demo)

@@ -16,7 +16,7 @@ def missing_extra(exc: ModuleNotFoundError, extra: str, needed_by: str) -> Modul
     (a module or a feature) cannot import what extra ``extra`` installs."""
     return ModuleNotFoundError(
         f"{needed_by} needs the optional extra [{extra}], which is not installed here "
-        f"(no module {exc.name!r}): install it with .venv/bin/pip install -e '.[{extra}]' in a checkout, "
-        f"or pip install '/path/to/agent-broadcaster[{extra}]'",
+        f"(no module {exc.name!r}): install it with .venv/bin/pip install -e '.[{extra}]' "
+        f"in a checkout, or pip install '/path/to/agent-broadcaster[{extra}]'",
         name=exc.name,
     )
