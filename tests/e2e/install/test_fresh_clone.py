@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -73,7 +74,9 @@ def test_readme_command_1_installs_the_runtime_and_serves_a_run(tmp_path: Path) 
         assert answer["output"] == "6 * 7 = 42.", answer
     finally:
         code = demo.stop()
-    assert code == 0, demo.log
+    assert code in (0, -signal.SIGTERM), demo.log  # uvicorn re-raises the signal it handled
+    assert "Finished server process" in demo.log, demo.log
+    assert "agent-broadcaster backend: memory" in demo.log, demo.log
     assert "Traceback" not in demo.log, demo.log
     installed = subprocess.run(
         [str(clone / ".venv/bin/python"), "-m", "pip", "list", "--format=freeze"],
