@@ -4,7 +4,7 @@ SDK follow stream and ``/broadcasting/auth``. An allowed origin gets the headers
 every answer and its preflight; any other origin gets none, and its preflight 403; a
 private session still needs its token, which the preflight lets a page send as a
 header. The run starts: tests/reliability/test_cross_site_runs.py; a built React page
-on a second origin: tests/e2e/clients/test_react_page.py."""
+on a second origin: tests/e2e/frontend/test_react_page.py."""
 
 from __future__ import annotations
 
