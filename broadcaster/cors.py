@@ -41,6 +41,7 @@ __all__ = [
     "AppOf",
     "Endpoint",
     "WithHeaders",
+    "admitted",
     "cors_headers",
     "cross_origin",
     "preflight",
