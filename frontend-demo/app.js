@@ -30,6 +30,8 @@ const view = new DashboardView();
 const SESSION_HASH = /(?:^#|&)session=([^&]+)/;
 /** A connection down this long (retried all along) means the server went away. */
 const GONE_AFTER_MS = 8000;
+/** No event this long from a run going on: ask the run index whether anything runs it. */
+const SILENCE_MS = 5000;
 const LIVE = { link: "live", text: "", haltedAt: null };
 
 const app = {
@@ -73,6 +75,10 @@ function scheduleRender() {
 }
 setInterval(() => {
   if (app.run && !TERMINAL.has(app.run.status) && app.run.startedAt !== null) view.renderSummary(app.run);
+  const followed = app.follow;
+  if (followed && !followed.replaying && followed.link.link === "live" && Date.now() - followed.heardAt > SILENCE_MS) {
+    askIndex(followed);
+  }
 }, 500);
 
 // --- server configuration and connection -----------------------------------------------
@@ -199,6 +205,9 @@ function follow(sessionId, channelName, from = null) {
     pendingEnds: [], // [{executionId, url}] of runs that ended within that replay
     link: LIVE, // what the page knows of the server of the latest run
     goneTimer: null,
+    heardAt: Date.now(), // when the page last heard of the session (an event, the index)
+    lastEventAt: null, // the timestamp (ms) of the session's last event
+    asking: false, // a run index request is on its way
   };
   app.follow = followed;
   app.positions = [];
@@ -283,7 +292,13 @@ function onEnvelope(followed, envelope, position) {
   if (followed !== app.follow) return;
   const next = reduceSession(followed.session, envelope, position);
   if (next === followed.session) return; // not an agent envelope, or one already applied
+  if (next.runs.length > followed.session.runs.length && followed.link.link !== "live" && app.pusher?.connection.state === "connected") {
+    setLink(followed, LIVE); // a new run: what was said of the last one's server is not about it
+  }
   followed.session = next;
+  followed.heardAt = Date.now();
+  const at = Date.parse(envelope.timestamp ?? "");
+  if (!Number.isNaN(at)) followed.lastEventAt = at;
   app.positions.push(position);
   view.logEvent(envelope, position);
   if (document.getElementById("session-notice").dataset.kind) view.notice(null); // a run: the session exists
@@ -315,6 +330,7 @@ function onResume(followed, result) {
     recoverFromSnapshot(followed);
   } else {
     setLink(followed, LIVE);
+    askIndex(followed); // a run that looks unended: is anything still running it?
     if (result.initial && result.empty) checkSession(followed);
     else if (result.initial && !followed.session.runs.length) {
       view.notice("no-run-yet", `Session ${followed.sessionId} has no run yet: its channel has events, none of a run. The page shows the first one as it starts.`);
@@ -473,8 +489,12 @@ async function recoverFromSnapshot(followed) {
   // The run did not end as far as the page knows: does the server still know it?
   const runs = await getJson(followed, `/api/sessions/${encodeURIComponent(followed.sessionId)}/runs`).catch(() => null);
   if (followed !== app.follow) return;
-  const listed = runs?.ok && (runs.body?.runs ?? []).some((summary) => summary.execution_id === run.execution_id);
-  if (listed) {
+  const summary = runs?.ok ? (runs.body?.runs ?? []).find((row) => row.execution_id === run.execution_id) : null;
+  if (summary?.abandoned) {
+    abandoned(followed);
+    return;
+  }
+  if (summary) {
     setLink(followed, LIVE);
     return;
   }
@@ -482,6 +502,36 @@ async function recoverFromSnapshot(followed) {
   setLink(followed, {
     link: "gone",
     text: `The server went away at ${clock(haltedAt)} and came back without this run (no events, no state, not in its run index): the run never ended, and its clock is stopped.`,
+    haltedAt,
+  });
+}
+
+/**
+ * The latest run has not ended and nothing was heard of it for a while (or the page
+ * just attached to it): the run index says whether anything still runs it (a run whose
+ * server died is listed "abandoned" once its claim lapsed). At most one request at a
+ * time, and one per SILENCE_MS of silence.
+ */
+async function askIndex(followed) {
+  const run = latestRun(followed.session);
+  followed.heardAt = Date.now();
+  if (!run || TERMINAL.has(run.status) || followed.asking) return;
+  followed.asking = true;
+  try {
+    const runs = await getJson(followed, `/api/sessions/${encodeURIComponent(followed.sessionId)}/runs`).catch(() => null);
+    if (followed !== app.follow || latestRun(followed.session) !== run || followed.link.link !== "live") return;
+    const summary = runs?.ok ? (runs.body?.runs ?? []).find((row) => row.execution_id === run.execution_id) : null;
+    if (summary?.abandoned) abandoned(followed);
+  } finally {
+    followed.asking = false;
+  }
+}
+
+function abandoned(followed) {
+  const haltedAt = followed.link.haltedAt ?? followed.lastEventAt ?? Date.now();
+  setLink(followed, {
+    link: "gone",
+    text: `The server running this run went away: the run index lists it as running, but nothing runs it any more (its last event at ${clock(haltedAt)}). It never ended, and its clock is stopped.`,
     haltedAt,
   });
 }

@@ -187,8 +187,8 @@ function renderRunList() {
     const button = element("button", "run-button");
     button.type = "button";
     if (run.executionId === page.selected) button.setAttribute("aria-current", "true");
-    const badge = element("span", "badge", s.status);
-    badge.dataset.status = s.status === "running" ? "in_progress" : s.status;
+    const badge = element("span", "badge", s.abandoned ? "server went away" : s.status);
+    badge.dataset.status = s.abandoned ? "gone" : s.status === "running" ? "in_progress" : s.status;
     const duration = s.ended_at != null ? (s.ended_at - s.started_at) * 1000 : null;
     button.append(
       element("strong", "", `Run ${index + 1}`),
@@ -229,8 +229,10 @@ function renderRun(run) {
   const sums = runTotals(view);
   setText($("execution-id"), run.executionId);
   const badge = $("run-status");
-  badge.dataset.status = view.status;
-  setText(badge, view.status === "in_progress" ? "in progress" : view.status);
+  // The index lists it running, but nothing runs it: its server went away before its end.
+  const gone = Boolean(run.summary?.abandoned) && !TERMINAL.has(view.status);
+  badge.dataset.status = gone ? "gone" : view.status;
+  setText(badge, gone ? "server went away" : view.status === "in_progress" ? "in progress" : view.status);
   $("trimmed").hidden = !run.trimmed;
   setText($("run-steps"), String(sums.steps));
   setText($("run-tools"), String(sums.toolCalls));
@@ -242,8 +244,9 @@ function renderRun(run) {
   $("run-error").hidden = !view.error;
   setText($("run-error"), view.error ? `Error: ${view.error}` : "");
   setExports(run);
-  const stale = page.source === "index" && !TERMINAL.has(view.status);
+  const stale = page.source === "index" && !TERMINAL.has(view.status) && !gone;
   $("run-running").hidden = !stale;
+  $("run-gone").hidden = !gone;
   if (stale) {
     const query = new URLSearchParams({ session: page.sessionId, execution: run.executionId, source: "live" });
     $("follow-live").href = `?${query}${location.hash}`;
@@ -259,6 +262,7 @@ function renderRun(run) {
     finalText: finalText(view),
     runs: page.runs.length,
     source: page.source,
+    link: gone ? "gone" : "live",
   });
   renderWaterfall(run);
   renderContinuations(run);

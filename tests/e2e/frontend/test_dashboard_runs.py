@@ -10,6 +10,7 @@ colours off the computed style of what the failure attributes select.
 from __future__ import annotations
 
 import re
+import uuid
 from pathlib import Path
 
 import httpx
@@ -18,7 +19,7 @@ from playwright.sync_api import Browser, Locator, Page, expect
 
 from tests.support.live import APP_ID
 from tests.support.pages import WAIT_MS, screenshot, start_run
-from tests.support.processes import ServerFactory, ServerProcess, free_port
+from tests.support.processes import RedisServer, ServerFactory, ServerProcess, free_port
 from tests.support.reliability import event_body, signed_query
 
 pytestmark = pytest.mark.browser
@@ -274,3 +275,41 @@ def test_a_run_whose_server_was_killed_says_the_server_went_away_and_its_clock_s
     expect(badge).to_have_text("server went away")
     page.wait_for_timeout(1000)
     expect(page.locator("#total-time")).to_have_text(stopped)
+
+
+@pytest.mark.redis
+def test_a_run_whose_node_died_is_shown_gone_by_a_page_on_another_node(
+    page: Page, server_factory: ServerFactory, redis_server: RedisServer, artifacts: Path
+) -> None:
+    """Two nodes on one Redis; the run goes on node A, the page follows it on node B.
+    SIGKILL A: B's connection stays up and the run index still lists the run running,
+    but its claim lapses (lease 1 s), so B answers it ``abandoned`` and the page, hearing
+    nothing of the run, asks and says its server went away (never a clock running on);
+    the run page says so too."""
+    args = ["--demo", "--backend", redis_server.url, "--redis-prefix", f"t{uuid.uuid4().hex[:10]}"]
+    env = {"AGENT_DEMO_RUN_LEASE": "1"}
+    runner = server_factory(*args, env=env)
+    watcher = server_factory(*args, env=env)
+    body = {"input": "What is the weather in Lima? " * 20, "pace_ms": 400}
+    started = httpx.post(f"{runner.url}/run", json=body, timeout=10)
+    assert started.status_code == 202, started.text
+    session = started.json()["session_id"]
+    page.goto(f"{watcher.url}/#session={session}")
+    expect(page.locator("#step-1 .step-text")).to_contain_text("Lima", timeout=WAIT_MS)
+    expect(page.get_by_label("Run status")).to_have_text("in progress")
+    runner.kill()
+    badge = page.get_by_label("Run status")
+    expect(badge).to_have_text("server went away", timeout=WAIT_MS)
+    expect(page.locator("#run-link")).to_contain_text("nothing runs it")
+    expect(page.get_by_role("status", name="Connection")).to_contain_text("Live")
+    stopped = page.locator("#total-time").inner_text()
+    page.wait_for_timeout(1500)
+    expect(page.locator("#total-time")).to_have_text(stopped)
+    screenshot(page, artifacts, "run-node-died")
+    [run] = httpx.get(f"{watcher.url}/api/sessions/{session}/runs", timeout=10).json()["runs"]
+    assert (run["status"], run["abandoned"]) == ("running", True)
+
+    page.goto(f"{watcher.url}/demo/run.html?session={session}")
+    expect(page.get_by_label("Run status")).to_have_text("server went away", timeout=WAIT_MS)
+    expect(page.locator("#run-gone")).to_be_visible()
+    expect(facts(page)).to_have_attribute("data-link", "gone")
