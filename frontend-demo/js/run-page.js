@@ -270,7 +270,7 @@ function renderRun(run) {
   renderInspector(run);
 }
 
-/** The facts of the run shown, as data-* attributes (for tools and tests; docs/frontend.md). */
+/** The facts of the run shown, as data-* attributes (for tools and tests; docs/operations.md, "The live dashboard"). */
 function setFacts(node, facts) {
   for (const [name, value] of Object.entries(facts)) node.dataset[name] = String(value);
 }

@@ -3,8 +3,9 @@ session apart (the latest shown, the earlier ones listed and openable, each reco
 its own), failures drawn as failures, "no such session" for an id the server never saw,
 and a run whose server went away shown as such with its clock stopped.
 
-The run's facts are read off ``#run-facts`` (data-* attributes, docs/frontend.md), the
-colours off the computed style of what the failure attributes select.
+The run's facts are read off ``#run-facts`` (data-* attributes: docs/operations.md, "The
+live dashboard"), the colours off the computed style of what the failure attributes
+select.
 """
 
 from __future__ import annotations
