@@ -71,6 +71,7 @@ function scheduleRender() {
   setTimeout(() => {
     renderPending = false;
     view.render(app.run);
+    if (app.follow) renderRuns(app.follow);
   }, 16);
 }
 setInterval(() => {
@@ -208,6 +209,7 @@ function follow(sessionId, channelName, from = null) {
     heardAt: Date.now(), // when the page last heard of the session (an event, the index)
     lastEventAt: null, // the timestamp (ms) of the session's last event
     asking: false, // a run index request is on its way
+    notice: null, // what is said of the session itself (see notify())
   };
   app.follow = followed;
   app.positions = [];
@@ -225,6 +227,8 @@ function follow(sessionId, channelName, from = null) {
   app.feed = new ChannelFeed(pusher, channelName, {
     onEnvelope: (envelope, position) => onEnvelope(followed, envelope, position),
     onResume: (result) => onResume(followed, result),
+    // A (re)subscribe: its replay comes before the answer; ends seen in it wait for it.
+    onSubscribe: () => { followed.replaying = true; },
     onProblem: (message) => view.formError(message),
   }, from);
 }
@@ -255,19 +259,31 @@ function linkOf(followed, run) {
   return followed.link;
 }
 
+/** Say `text` about the session itself (`kind`: no-such-session, no-run-yet, private, expired; null: nothing). */
+function notify(followed, kind, text = "") {
+  if (followed !== app.follow) return;
+  followed.notice = kind;
+  view.notice(kind, text);
+  refresh(followed);
+}
+
+/** What the summary says while the session has no run: waiting for the server's answer, or the notice. */
+function noRun(followed) {
+  return { link: followed.notice ?? (followed.replaying ? "waiting" : "no-run-yet"), text: "", haltedAt: null };
+}
+
 /** Render what changed: the run shown (switching to a new one), the list of runs. */
 function refresh(followed) {
   if (followed !== app.follow) return;
   const run = shownRun(followed);
   const id = run ? run.execution_id : undefined;
-  app.run = pageRun(run ?? createRunView(followed.sessionId), followed.channel, run ? linkOf(followed, run) : null);
+  app.run = pageRun(run ?? createRunView(followed.sessionId), followed.channel, run ? linkOf(followed, run) : noRun(followed));
   if (id !== followed.shownId) {
     followed.shownId = id;
     view.resetRun(); // another run's steps: the cards start again
     showVerdict(followed, followed.verdicts.get(id) ?? { state: "waiting" });
   }
-  renderRuns(followed);
-  scheduleRender();
+  scheduleRender(); // the run shown and the list of runs, at most once a frame
 }
 
 function renderRuns(followed) {
@@ -301,7 +317,7 @@ function onEnvelope(followed, envelope, position) {
   if (!Number.isNaN(at)) followed.lastEventAt = at;
   app.positions.push(position);
   view.logEvent(envelope, position);
-  if (document.getElementById("session-notice").dataset.kind) view.notice(null); // a run: the session exists
+  if (followed.notice) notify(followed, null); // a run: the session exists
   const payload = envelope.payload;
   if (envelope.type === "agent.status" && payload.parent_execution_id == null && TERMINAL.has(payload.status)) {
     const run = runOf(next, envelope.execution_id) ?? latestRun(next);
@@ -316,6 +332,7 @@ function onResume(followed, result) {
   if (followed !== app.follow) return;
   app.resumes.push(result);
   followed.replaying = false;
+  refresh(followed);
   const missed = `${result.missed} ${result.missed === 1 ? "event" : "events"}`;
   if (result.recovered && result.initial) {
     view.history(result.missed ? "replayed" : "none", result.missed ? `history replayed (${missed})` : "");
@@ -333,7 +350,7 @@ function onResume(followed, result) {
     askIndex(followed); // a run that looks unended: is anything still running it?
     if (result.initial && result.empty) checkSession(followed);
     else if (result.initial && !followed.session.runs.length) {
-      view.notice("no-run-yet", `Session ${followed.sessionId} has no run yet: its channel has events, none of a run. The page shows the first one as it starts.`);
+      notify(followed, "no-run-yet", `Session ${followed.sessionId} has no run yet: its channel has events, none of a run. The page shows the first one as it starts.`);
     }
   }
 }
@@ -381,7 +398,7 @@ function setVerdict(followed, executionId, result) {
   if (followed !== app.follow) return;
   followed.verdicts.set(executionId, result);
   if (executionId === followed.shownId) showVerdict(followed, result);
-  renderRuns(followed);
+  scheduleRender();
 }
 
 function showVerdict(followed, result) {
@@ -547,7 +564,7 @@ async function checkSession(followed) {
     const state = await getJson(followed, `${base}/state`);
     if (followed !== app.follow || followed.session.runs.length) return;
     if (state.status === 403) {
-      view.notice("private", `Session ${followed.sessionId} is private: open it with its session token (the page that started its run has it).`);
+      notify(followed, "private", `Session ${followed.sessionId} is private: open it with its session token (the page that started its run has it).`);
       return;
     }
     if (state.ok) {
@@ -561,12 +578,12 @@ async function checkSession(followed) {
     const runs = await getJson(followed, `${base}/runs`);
     if (followed !== app.follow || followed.session.runs.length) return;
     if (runs.ok && runs.body?.runs?.length) {
-      view.notice("expired", `Session ${followed.sessionId} had ${runs.body.runs.length} run(s), but their events and state have expired here; the run page may still show their traces.`);
+      notify(followed, "expired", `Session ${followed.sessionId} had ${runs.body.runs.length} run(s), but their events and state have expired here; the run page may still show their traces.`);
       return;
     }
-    view.notice("no-such-session", `No such session: nothing was ever published on ${followed.channel}, and the server keeps no state and no runs of session ${followed.sessionId}. The page keeps listening in case a run starts.`);
+    notify(followed, "no-such-session", `No such session: nothing was ever published on ${followed.channel}, and the server keeps no state and no runs of session ${followed.sessionId}. The page keeps listening in case a run starts.`);
   } catch (error) {
-    if (followed === app.follow) view.notice("no-such-session", `Nothing was ever published on ${followed.channel}, and the server could not be asked about the session: ${error.message}`);
+    if (followed === app.follow) notify(followed, "no-such-session", `Nothing was ever published on ${followed.channel}, and the server could not be asked about the session: ${error.message}`);
   }
 }
 

@@ -38,6 +38,11 @@ const STATUS_LABEL = {
   lost: "connection lost",
   gone: "server went away",
   unended: "never ended",
+  waiting: "waiting",
+  "no-run-yet": "no run yet",
+  "no-such-session": "no such session",
+  private: "private",
+  expired: "expired",
 };
 
 /**
@@ -84,7 +89,7 @@ export class DashboardView {
     }
     setText($("event-count"), plural(run.eventCount, "event"));
     const steps = orderedSteps(run);
-    show($("timeline-empty"), steps.length === 0);
+    show($("timeline-empty"), steps.length === 0 && !$("session-notice").dataset.kind);
     for (const step of steps) this.renderStep(run, step);
     this.renderAnswer(run);
   }
