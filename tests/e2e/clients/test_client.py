@@ -28,9 +28,8 @@ from broadcaster.client import (
     reduce_run,
     watch_session,
 )
-from tests.support.live import APP_ID
 from tests.support.processes import REPO, ServerFactory, ServerProcess
-from tests.support.reliability import event_body, signed_query
+from tests.support.reliability import publish_sync
 
 pytestmark = pytest.mark.slow
 
@@ -271,16 +270,8 @@ async def test_tail_keeps_a_sessions_runs_apart_and_follows_the_latest_to_its_en
 def _publish(url: str, envelope: dict[str, Any]) -> None:
     """Publish ``envelope`` on its session's channel through the signed HTTP API, as an
     agent outside the server does."""
-    path = f"/apps/{APP_ID}/events"
     channel = f"agent.{envelope['session_id']}"
-    body = event_body(channel, envelope["type"], json.dumps(envelope))
-    response = httpx.post(
-        f"{url}{path}",
-        content=body,
-        params=signed_query("POST", path, body),
-        headers={"content-type": "application/json"},
-        timeout=10,
-    )
+    response = publish_sync(url, channel, envelope["type"], json.dumps(envelope))
     assert response.status_code == 200, response.text
 
 

@@ -18,10 +18,9 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect
 
-from tests.support.live import APP_ID
 from tests.support.pages import WAIT_MS, screenshot, start_run
 from tests.support.processes import RedisServer, ServerFactory, ServerProcess, free_port
-from tests.support.reliability import event_body, signed_query
+from tests.support.reliability import publish_sync
 
 pytestmark = pytest.mark.browser
 
@@ -215,15 +214,7 @@ def test_an_unknown_session_says_no_such_session_and_one_without_a_run_says_so(
     expect(error).to_have_attribute("data-kind", "no-such-session", timeout=WAIT_MS)
     expect(error).to_contain_text("No such session")
 
-    path = f"/apps/{APP_ID}/events"
-    body = event_body("agent.quiet-1", "client-note", "{}")
-    answer = httpx.post(
-        f"{demo_server.url}{path}",
-        content=body,
-        params=signed_query("POST", path, body),
-        headers={"content-type": "application/json"},
-        timeout=10,
-    )
+    answer = publish_sync(demo_server.url, "agent.quiet-1", "client-note", "{}")
     assert answer.status_code == 200, answer.text
     page.goto(f"{demo_server.url}/#session=quiet-1")
     expect(notice).to_have_attribute("data-kind", "no-run-yet", timeout=WAIT_MS)
