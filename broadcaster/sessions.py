@@ -38,6 +38,7 @@ from starlette.routing import Route
 
 from broadcaster._text import excerpt
 from broadcaster.backends.base import BackendUnavailable
+from broadcaster.cors import READ_METHODS, Endpoint, cross_origin
 from broadcaster.exceptions import ApiError
 from broadcaster.node import Node
 from broadcaster.publishers import state_key
@@ -64,8 +65,10 @@ __all__ = [
     "RUN_LIVENESS",
     "SESSION_ID",
     "TRACE_FORMATS",
+    "FormatUnavailable",
     "SessionClaim",
     "SessionRefused",
+    "asked_app",
     "bearer_token",
     "claim_key",
     "claim_session",
@@ -85,6 +88,11 @@ _N = TypeVar("_N", int, float)
 
 SESSION_ID = re.compile(r"^[A-Za-z0-9_\-=@,.;]{1,128}$")
 """Session ids are what may follow ``agent.`` in a channel name."""
+
+
+class FormatUnavailable(Exception):
+    """Raised by a trace exporter (:data:`TRACE_FORMATS`) that cannot work here, e.g. its
+    optional packages are not installed; the trace route answers 501 with the message."""
 
 
 class SessionRefused(Exception):
@@ -200,6 +208,12 @@ def request_app(node: Node, request: Request) -> AppConfig:
     if not app.enabled:
         raise SessionRefused(403, f"app {excerpt(app_id)} is disabled")
     return app
+
+
+def asked_app(node: Node, request: Request) -> AppConfig | None:
+    """The app named by ``?app_id=`` (default: the first one), None when there is none:
+    whose ``allowed_origins`` decide who may read the answer (:mod:`broadcaster.cors`)."""
+    return node.app_by_id(request.query_params.get("app_id") or node.apps[0].id)
 
 
 async def private_session_exists(node: Node, app: AppConfig, session_id: str) -> bool:
@@ -334,7 +348,10 @@ def routes(node: Node) -> list[Route]:
         if exporter is not None:
             envelopes = [entry["envelope"] for entry in stored["envelopes"]]
             # Up to 2 MiB of envelopes through the OpenTelemetry SDK: not on the loop.
-            body = orjson.dumps(await run_in_threadpool(exporter, envelopes))
+            try:
+                body = orjson.dumps(await run_in_threadpool(exporter, envelopes))
+            except FormatUnavailable as exc:
+                return _error(501, str(exc))
             name += ".otlp"
         else:
             answer = {
@@ -348,11 +365,17 @@ def routes(node: Node) -> list[Route]:
         headers = {"Content-Disposition": f'attachment; filename="{name}.json"'}
         return Response(body, media_type="application/json", headers=headers)
 
+    def read(path: str, endpoint: Endpoint) -> Route:
+        return Route(path, cross_origin(endpoint, app_of), methods=READ_METHODS)
+
+    def app_of(request: Request) -> AppConfig | None:
+        return asked_app(node, request)
+
     return [
-        Route("/api/sessions", sessions, methods=["GET"]),
-        Route("/api/sessions/{session_id}/state", state, methods=["GET"]),
-        Route("/api/sessions/{session_id}/runs", runs, methods=["GET"]),
-        Route("/api/sessions/{session_id}/trace", trace, methods=["GET"]),
+        read("/api/sessions", sessions),
+        read("/api/sessions/{session_id}/state", state),
+        read("/api/sessions/{session_id}/runs", runs),
+        read("/api/sessions/{session_id}/trace", trace),
     ]
 
 
@@ -381,8 +404,9 @@ def _mark_abandoned(found: list[bytes], active: bool) -> list[bytes]:
 
 TRACE_FORMATS = "trace_formats"
 """The key, in the extensions' shared state, of a ``{format: exporter}`` dict: an
-exporter turns a run's envelopes (dicts, in order) into a JSON-able document. The
-agent_core extension registers ``otlp`` (:mod:`agent_core.integrations.otel`)."""
+exporter turns a run's envelopes (dicts, in order) into a JSON-able document, or raises
+:class:`FormatUnavailable` (answered 501). The agent_core extension registers ``otlp``
+(:mod:`agent_core.integrations.otel`, which needs the ``[otel]`` extra)."""
 
 MAX_PAGE = 200
 DEFAULT_PAGE = 50
