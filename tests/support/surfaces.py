@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from broadcaster.client import create_run_view, final_text, reduce_run, watch_session
+from broadcaster.client import create_session_view, final_text, reduce_session, watch_session
 from tests.support.facts import FACTS, NestedFacts, Record, RunFacts, facts_from_envelopes
 from tests.support.facts import facts_from_view as view_facts
 from tests.support.live import KEY
@@ -106,13 +106,22 @@ def _node_batch(
 # -- Pusher WebSocket: the two kits ------------------------------------------------------
 
 
+def _run_of(session: Mapping[str, Any], execution_id: str) -> Mapping[str, Any]:
+    """The run ``execution_id`` of a kit's ``SessionView`` (each run apart)."""
+    runs = [run for run in session["runs"] if run["execution_id"] == execution_id]
+    held = [run["execution_id"] for run in session["runs"]]
+    assert len(runs) == 1, f"run {execution_id} is not one run of the session view: {held}"
+    return runs[0]
+
+
 async def _python_kit(runs: Sequence[ProducedRun]) -> Reading:
     async def read(run: ProducedRun) -> RunFacts:
-        view = create_run_view(run.session_id)
+        session = create_session_view(run.session_id)
         async with watch_session(run.url, run.session_id, since=run.since, key=KEY) as watch:
             async for envelope in watch:
-                view = reduce_run(view, envelope, watch.position)
-        return view_facts(view, final_text(view))
+                session = reduce_session(session, envelope, watch.position)
+        view = _run_of(session, run.execution_id)
+        return view_facts(view, final_text(dict(view)))
 
     return await _each(runs, read)
 
@@ -121,7 +130,7 @@ async def _ts_kit(runs: Sequence[ProducedRun]) -> Reading:
     reading: Reading = {}
     for url in sorted({run.url for run in runs}):
         mine = [run for run in runs if run.url == url]
-        wanted = json.dumps([[run.session_id, run.since] for run in mine])
+        wanted = json.dumps([[run.session_id, run.since, run.execution_id] for run in mine])
         report, err = await run_node_script(
             "kit_watch.mjs", url, KEY, wanted, package="pusher-js", what="the Node clients"
         )
@@ -129,7 +138,9 @@ async def _ts_kit(runs: Sequence[ProducedRun]) -> Reading:
 
         def facts(result: Mapping[str, Any]) -> RunFacts:
             assert result["state"] == "ended", (result["state"], result["error"])
-            return view_facts(result["view"], result["finalText"])
+            view = result["run"]
+            assert view is not None, f"not one run of the session view: {result['runs']}"
+            return view_facts(view, result["finalText"])
 
         reading.update(_node_batch(report["results"], mine, facts))
     return reading
@@ -181,11 +192,25 @@ async def _sse_until_final(runs: Sequence[ProducedRun]) -> Reading:
 
 
 def _ended_at_its_end(records: Sequence[Record]) -> RunFacts:
-    """The facts of a follow that ends by itself: it must end right after the run's own
-    final status, not before (a nested run's), not after (a later run's)."""
+    """The facts of a follow that ends by itself at its run's end: right after the run's
+    own final status, not before (a nested run's), not after (a later run's)."""
     facts = facts_from_envelopes(records)
     last = records[-1][0] if records else None
     return facts if last == facts.end else replace(facts, end=f"the follow ended at {last}")
+
+
+def _ended_at_a_runs_end(records: Sequence[Record], execution_id: str) -> RunFacts:
+    """The facts of run ``execution_id`` in a follow that goes on to the session's latest
+    run: it must end right after a run's own final status (not a nested run's)."""
+    facts = facts_from_envelopes(records, execution_id)
+    last = records[-1][1] if records else {}
+    payload = last.get("payload") or {}
+    ended = (
+        last.get("type") == "agent.status"
+        and payload.get("status") in ("completed", "failed")
+        and payload.get("parent_execution_id") is None
+    )
+    return facts if ended else replace(facts, end=f"the follow ended at {records[-1][0]}")
 
 
 # -- AG-UI (@ag-ui/client's HttpAgent, its verification on) ------------------------------
@@ -521,38 +546,70 @@ async def _tail(runs: Sequence[ProducedRun]) -> Reading:
         result = next((line for line in lines if line.get("type") == "tail.result"), None)
         assert result is not None, (proc.returncode, lines[-3:], err.decode()[-2000:])
         records = [(line["position"], line["envelope"]) for line in lines if "envelope" in line]
-        facts = _ended_at_its_end(records)
+        facts = _ended_at_a_runs_end(records, run.execution_id)
+        if not run.kind.latest:  # tail follows to the session's latest run, says its end
+            return facts
         # The status is what the exit code says, when the result line agrees with it.
         said = EXITS.get(proc.returncode or 0, f"exit {proc.returncode}")
-        if result["status"] != said:
-            said = f"exit {proc.returncode}, result {result['status']}"
+        if (result["status"], result["execution_id"]) != (said, run.execution_id):
+            said = f"exit {proc.returncode}, result {result['status']} of {result['execution_id']}"
         return replace(facts, status=said)
 
     # A Python process each (a second or two of start-up): a few at a time.
     return await _each(runs, read, at_once=3, within=60)
 
 
-# -- the dashboard's run page in Chromium ----------------------------------------------------
+# -- the dashboard's pages in Chromium -------------------------------------------------------
 
 
-def _count(text: str) -> int:
-    """A number as the page formats it (``1,234``)."""
-    return int("".join(ch for ch in text if ch.isdigit()) or "0")
+PAGE_FACTS = frozenset(
+    {
+        "execution_id",
+        "status",
+        "stop_reason",
+        "final_text",
+        "error",
+        "steps",
+        "tool_calls",
+        "total_tokens",
+    }
+)
+"""What the pages carry in ``#run-facts`` (docs/operations.md, "The live dashboard")."""
 
 
-async def _run_page(runs: Sequence[ProducedRun]) -> Reading:
-    """``/demo/run.html?session=…&execution=…``, read from the DOM (ids and data
-    attributes) once the page says it rendered that run."""
-    from playwright.async_api import async_playwright
+def page_facts(data: Mapping[str, str]) -> RunFacts:
+    """The facts of the run a page shows, from the data-* attributes of ``#run-facts``."""
+    status = data.get("status")
+    return RunFacts(
+        execution_id=data.get("executionId"),
+        status=status,
+        stop_reason=data.get("stopReason") or None,
+        final_text=data.get("finalText") if status == "completed" else None,
+        error=data.get("error") or None,
+        steps=int(data.get("steps") or 0),
+        tool_calls=int(data.get("toolCalls") or 0),
+        total_tokens=int(data.get("tokens") or 0),
+    )
 
-    from tests.support.pages import CHROMIUM_ARGS, WAIT_MS, require_chromium
 
-    executable = require_chromium()
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=executable, args=CHROMIUM_ARGS, headless=True
-        )
-        try:
+PageAddress = Callable[[ProducedRun], tuple[str, str]]
+"""The page of a run: its URL, and the selector that is there once it shows the run."""
+
+
+def _pages(address: PageAddress) -> Reader:
+    """A reader of the facts a page of the dashboard shows of each run (Chromium, the
+    ``#run-facts`` data attributes once ``address``'s selector is there)."""
+
+    async def read_all(runs: Sequence[ProducedRun]) -> Reading:
+        from playwright.async_api import async_playwright
+
+        from tests.support.pages import CHROMIUM_ARGS, WAIT_MS, require_chromium
+
+        executable = require_chromium()
+        async with async_playwright() as playwright:
+            browser = await playwright.chromium.launch(
+                executable_path=executable, args=CHROMIUM_ARGS, headless=True
+            )
 
             async def read(run: ProducedRun) -> RunFacts:
                 context = await browser.new_context()
@@ -560,32 +617,36 @@ async def _run_page(runs: Sequence[ProducedRun]) -> Reading:
                     page = await context.new_page()
                     errors: list[str] = []
                     page.on("pageerror", lambda error: errors.append(str(error)))
-                    query = f"session={run.session_id}&execution={run.execution_id}"
-                    await page.goto(f"{run.url}/demo/run.html?{query}")
-                    rendered = f'body[data-rendered="{run.execution_id}"]'
-                    await page.wait_for_selector(rendered, state="attached", timeout=WAIT_MS)
+                    url, shown = address(run)
+                    await page.goto(url)
+                    await page.wait_for_selector(shown, state="attached", timeout=WAIT_MS)
                     assert not errors, f"JavaScript errors on the page: {errors}"
-
-                    async def text(selector: str) -> str:
-                        return (await page.inner_text(selector)).strip()
-
-                    stop = await text("#run-stop")
-                    error = await text("#run-error")
-                    return RunFacts(
-                        execution_id=await text("#execution-id"),
-                        status=await page.get_attribute("#run-status", "data-status"),
-                        stop_reason=None if stop == "—" else stop,
-                        error=error.removeprefix("Error: ") or None,
-                        steps=_count(await text("#run-steps")),
-                        tool_calls=_count(await text("#run-tools")),
-                        total_tokens=_count(await text("#run-tokens")),
-                    )
+                    data = await page.eval_on_selector("#run-facts", "node => ({...node.dataset})")
+                    return page_facts(data)
                 finally:
                     await context.close()
 
-            return await _each(runs, read, at_once=4)
-        finally:
-            await browser.close()
+            try:
+                return await _each(runs, read, at_once=4)
+            finally:
+                await browser.close()
+
+    return read_all
+
+
+def _run_page(run: ProducedRun) -> tuple[str, str]:
+    query = f"session={run.session_id}&execution={run.execution_id}"
+    return f"{run.url}/demo/run.html?{query}", f'body[data-rendered="{run.execution_id}"]'
+
+
+def _live_page(run: ProducedRun) -> tuple[str, str]:
+    """Attached to the session: its latest run, once reconciled with the stored state."""
+    shown = f'#run-facts[data-execution-id="{run.execution_id}"]'
+    verdicts = ("in_sync", "differs", "superseded", "error")
+    return (
+        f"{run.url}/#session={run.session_id}",
+        ", ".join(f'{shown}[data-reconcile="{verdict}"]' for verdict in verdicts),
+    )
 
 
 # -- the columns ------------------------------------------------------------------------------
@@ -646,21 +707,13 @@ SURFACES: tuple[Surface, ...] = (
     ),
     Surface("tail-json", "`tail --json` + exit code", _tail, _FOLDED),
     Surface(
-        "run-page",
-        "run page (Chromium)",
-        _run_page,
-        frozenset(
-            {
-                "execution_id",
-                "status",
-                "stop_reason",
-                "error",
-                "steps",
-                "tool_calls",
-                "total_tokens",
-            }
-        ),
+        "live-page",
+        "live dashboard (Chromium)",
+        _pages(_live_page),
+        PAGE_FACTS,
+        not_for=_latest_only,
     ),
+    Surface("run-page", "run page (Chromium)", _pages(_run_page), PAGE_FACTS),
 )
 
 
