@@ -12,7 +12,7 @@ const [url, key, runs] = process.argv.slice(2);
 
 async function follow([sessionId, since, executionId]) {
   const watch = watchSession({ url, key, sessionId, since });
-  const timer = setTimeout(() => watch.close(), 20_000);
+  const timer = setTimeout(() => watch.close(), 60_000);
   try {
     const status = await watch.done;
     const runs = status.session.runs;
