@@ -6,18 +6,27 @@ decision with every criterion, the final status and the reconcile verdict. With
 result). The exit status lets a script or a CI job wait on a run: 0 completed, 1
 failed, 2 could not follow (server unreachable, unknown session, refused token, bad
 ``since``).
+
+Everything shown comes from the run's publishers, models and tools, or from the server,
+and none of it is trusted: in the trace every value is printed as text (rich markup
+escaped) with its control characters shown as escapes (``\\x1b``, ``\\x9b``; streamed
+text keeps its line breaks and tabs), and each JSON line escapes them as ``\\uXXXX``
+(:mod:`broadcaster._text`), so nothing written can move the cursor, clear the screen,
+set the title or the clipboard (OSC 52) or make a link (OSC 8). An envelope of a known
+type that is not a valid one is reported and skipped, not folded.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from typing import Any, TextIO
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
+from broadcaster._text import excerpt, json_line, printable
 from broadcaster.client import (
     TERMINAL,
     Resume,
@@ -30,6 +39,7 @@ from broadcaster.client import (
     reduce_run,
     watch_session,
 )
+from broadcaster.envelope import ENVELOPE_TYPES, parse_envelope
 
 __all__ = ["EXIT_COMPLETED", "EXIT_FAILED", "EXIT_UNREACHABLE", "tail"]
 
@@ -38,9 +48,29 @@ EXIT_FAILED = 1
 EXIT_UNREACHABLE = 2
 
 
+def _show(value: Any) -> str:
+    """``value`` as one line of text in rich markup: markup escaped, control characters
+    shown as escapes."""
+    return escape(printable(value))
+
+
 def _ms(value: Any) -> str:
     number = float(value or 0)
     return f"{number:.1f} ms" if number < 10 else f"{number:.0f} ms"
+
+
+def _invalid(envelope: dict[str, Any]) -> str | None:
+    """Why an envelope of a known type is not a valid one (the reducer and the trace
+    would misread it), or None."""
+    if envelope.get("type") not in ENVELOPE_TYPES:
+        return None  # a newer type: the reducer ignores it
+    try:
+        parse_envelope(envelope)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"][1:])  # (after the type)
+        return f"{where}: {first['msg']}"
+    return None
 
 
 class _Trace:
@@ -59,7 +89,8 @@ class _Trace:
     def envelope(self, envelope: dict[str, Any]) -> None:
         kind, payload = envelope.get("type"), envelope.get("payload") or {}
         if kind == "agent.stream.chunk":
-            self.console.print(escape(str(payload.get("chunk", ""))), end="", highlight=False)
+            chunk = escape(printable(payload.get("chunk", ""), lines=True))
+            self.console.print(chunk, end="", highlight=False)
             self.in_text = True
             return
         handler = getattr(self, "_" + str(kind).replace(".", "_"), None)
@@ -72,26 +103,26 @@ class _Trace:
             self.line("[bold blue]● run started[/]")
 
     def _agent_step_started(self, payload: dict[str, Any]) -> None:
-        actor = f" [magenta]{escape(str(payload['actor']))}[/]" if payload.get("actor") else ""
-        self.line(f"[bold]── step {payload.get('step_number')}[/]{actor}")
+        actor = f" [magenta]{_show(payload['actor'])}[/]" if payload.get("actor") else ""
+        self.line(f"[bold]── step {_show(payload.get('step_number'))}[/]{actor}")
 
     def _agent_tool_started(self, payload: dict[str, Any]) -> None:
         name, args = payload.get("tool_name"), payload.get("args_summary") or ""
-        self.line(f"  [cyan]⚙ {escape(str(name))}[/]({escape(str(args))})")
+        self.line(f"  [cyan]⚙ {_show(name)}[/]({_show(args)})")
 
     def _agent_tool_completed(self, payload: dict[str, Any]) -> None:
-        name, ms = escape(str(payload.get("tool_name"))), _ms(payload.get("duration_ms"))
+        name, ms = _show(payload.get("tool_name")), _ms(payload.get("duration_ms"))
         if payload.get("success"):
-            result = escape(str(payload.get("result_summary") or ""))
+            result = _show(payload.get("result_summary") or "")
             self.line(f"  [green]✓ {name}[/] → {result} [dim]({ms})[/]")
         else:
-            self.line(f"  [red]✗ {name}: {escape(str(payload.get('error')))}[/] [dim]({ms})[/]")
+            self.line(f"  [red]✗ {name}: {_show(payload.get('error'))}[/] [dim]({ms})[/]")
 
     def _agent_step_completed(self, payload: dict[str, Any]) -> None:
         usage = payload.get("usage") or {}
         self.line(
-            f"  [dim]step {payload.get('step_number')} done: "
-            f"{escape(str(payload.get('finish_reason')))}, {usage.get('total', 0)} tokens, "
+            f"  [dim]step {_show(payload.get('step_number'))} done: "
+            f"{_show(payload.get('finish_reason'))}, {_show(usage.get('total', 0))} tokens, "
             f"{_ms(payload.get('duration_ms'))}[/]"
         )
 
@@ -99,21 +130,21 @@ class _Trace:
         verdict = "[green]continue[/]" if payload.get("should_continue") else "[yellow]stop[/]"
         reason = payload.get("stop_reason")
         self.line(
-            f"  [yellow]↳ decision after step {payload.get('step_number')}:[/] {verdict}"
-            f"{f' ({escape(str(reason))})' if reason else ''}, resolved by "
-            f"[bold]{escape(str(payload.get('resolved_by')))}[/]"
+            f"  [yellow]↳ decision after step {_show(payload.get('step_number'))}:[/] {verdict}"
+            f"{f' ({_show(reason)})' if reason else ''}, resolved by "
+            f"[bold]{_show(payload.get('resolved_by'))}[/]"
         )
         for item in payload.get("evaluations") or []:
             self.line(
-                f"    [dim]{escape(str(item.get('criterion')))}: {item.get('decision')} — "
-                f"{escape(str(item.get('reason')))}[/]"
+                f"    [dim]{_show(item.get('criterion'))}: {_show(item.get('decision'))} — "
+                f"{_show(item.get('reason'))}[/]"
             )
 
     def resume(self, resume: Resume) -> None:
         if resume.recovered and resume.after_drop:
             self.line(f"[blue]⟲ reconnected: resumed, {resume.missed} missed events replayed[/]")
         elif not resume.recovered:
-            reason = escape(str(resume.reason or "history not kept"))
+            reason = _show(resume.reason or "history not kept")
             self.line(
                 f"[bold red]⚠ gap: the server could not replay the history ({reason}); "
                 "reloading the stored state[/]"
@@ -125,9 +156,9 @@ class _Trace:
         detail = view.get("stop_reason") or ""
         if view.get("error"):
             detail = f"{detail}: {view['error']}" if detail else view["error"]
-        self.line(f"[bold {colour}]■ {status}[/]{f' ({escape(str(detail))})' if detail else ''}")
+        self.line(f"[bold {colour}]■ {_show(status)}[/]{f' ({_show(detail)})' if detail else ''}")
         if differences is None:
-            self.line(f"[yellow]reconcile: not checked ({escape(note)})[/]")
+            self.line(f"[yellow]reconcile: not checked ({_show(note)})[/]")
         elif not differences:
             self.line("[green]reconcile: in sync with the stored state[/]")
         else:
@@ -135,8 +166,8 @@ class _Trace:
             for item in differences:
                 step = f" (step {item['step']})" if "step" in item else ""
                 self.line(
-                    f"  [red]{escape(item['field'])}{step}: events {escape(item['events'])!s} ≠ "
-                    f"state {escape(item['snapshot'])}[/]"
+                    f"  [red]{_show(item['field'])}{step}: events {_show(item['events'])} ≠ "
+                    f"state {_show(item['snapshot'])}[/]"
                 )
 
 
@@ -153,7 +184,7 @@ async def _follow(
     trace = _Trace(console)
 
     def emit(record: dict[str, Any]) -> None:
-        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        out.write(json_line(record) + "\n")
         out.flush()
 
     def on_resume(resume: Resume) -> None:
@@ -166,6 +197,16 @@ async def _follow(
     view = create_run_view(session_id)
     async with watch:
         async for envelope in watch:
+            problem = _invalid(envelope)
+            if problem is not None:
+                if as_json:
+                    emit({"position": watch.position, "envelope": envelope, "invalid": problem})
+                else:
+                    trace.line(
+                        f"[bold red]⚠ skipped an envelope that is not a valid "
+                        f"{_show(excerpt(envelope['type']))} ({_show(problem)})[/]"
+                    )
+                continue
             view = reduce_run(view, envelope, watch.position)
             if as_json:
                 emit({"position": watch.position, "envelope": envelope})
@@ -213,9 +254,9 @@ def tail(
         return asyncio.run(_follow(url, session_id, since, token, key, as_json, stream))
     except WatchError as exc:
         if as_json:
-            stream.write(json.dumps({"type": "tail.error", "error": str(exc)}) + "\n")
+            stream.write(json_line({"type": "tail.error", "error": str(exc)}) + "\n")
         else:
             Console(file=sys.stderr, highlight=False).print(
-                f"[bold red]agent-broadcaster tail: {escape(str(exc))}[/]"
+                f"[bold red]agent-broadcaster tail: {_show(exc)}[/]"
             )
         return EXIT_UNREACHABLE
