@@ -538,6 +538,7 @@ def transcripts(definitions: dict[str, tuple[Any, Any]], scenario: Scenario) -> 
 WRITES = Scenario()
 
 
+@pytest.mark.slow  # about 10 s: out of the quick tier; the known attacks below stay in it
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
