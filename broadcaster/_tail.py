@@ -1,10 +1,15 @@
 """``agent-broadcaster tail``: follow one session's run in the terminal.
 
 A live, coloured trace (rich): steps, tool calls, streamed text, each continuation
-decision with every criterion, the final status and the reconcile verdict. With
+decision with every criterion, the final status and the reconcile verdict. The runs of
+a session are kept apart: each starts under a header naming it (``run 2 · <execution
+id>``), and a run nested in another (a routed capability's inner agent) is indented
+under the call it serves. The run followed is the session's latest: the earlier ones
+are replayed from the channel's history, the latest is followed to its end. With
 ``--json`` one JSON object a line instead (each envelope with its position, then the
-result). The exit status lets a script or a CI job wait on a run: 0 completed, 1
-failed, 2 could not follow (server unreachable, unknown session, refused token, bad
+result). The exit status lets a script or a CI job wait on a run: 0 the run followed
+completed, 1 it failed (a nested run's failure is its parent's business, not the exit
+status), 2 could not follow (server unreachable, unknown session, refused token, bad
 ``since``).
 
 Everything shown comes from the run's publishers, models and tools, or from the server,
@@ -12,8 +17,8 @@ and none of it is trusted: in the trace every value is printed as text (rich mar
 escaped) with its control characters shown as escapes (``\\x1b``, ``\\x9b``; streamed
 text keeps its line breaks and tabs), and each JSON line escapes them as ``\\uXXXX``
 (:mod:`broadcaster._text`), so nothing written can move the cursor, clear the screen,
-set the title or the clipboard (OSC 52) or make a link (OSC 8). An envelope of a known
-type that is not a valid one is reported and skipped, not folded.
+set the title or the clipboard (OSC 52) or make a link (OSC 8). An envelope with a field
+of the wrong type is reported and skipped, never a crash.
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ import asyncio
 import sys
 from typing import Any, TextIO
 
-from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
@@ -34,12 +38,13 @@ from broadcaster.client import (
     WatchError,
     apply_snapshot,
     create_run_view,
+    create_session_view,
     fetch_state,
+    latest_run,
     reconcile,
-    reduce_run,
+    reduce_session,
     watch_session,
 )
-from broadcaster.envelope import ENVELOPE_TYPES, parse_envelope
 
 __all__ = ["EXIT_COMPLETED", "EXIT_FAILED", "EXIT_UNREACHABLE", "tail"]
 
@@ -59,37 +64,44 @@ def _ms(value: Any) -> str:
     return f"{number:.1f} ms" if number < 10 else f"{number:.0f} ms"
 
 
-def _invalid(envelope: dict[str, Any]) -> str | None:
-    """Why an envelope of a known type is not a valid one (the reducer and the trace
-    would misread it), or None."""
-    if envelope.get("type") not in ENVELOPE_TYPES:
-        return None  # a newer type: the reducer ignores it
-    try:
-        parse_envelope(envelope)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"][1:])  # (after the type)
-        return f"{where}: {first['msg']}"
-    return None
+_UNREADABLE = (TypeError, ValueError, KeyError, AttributeError)
+"""What folding or printing an envelope with a field of the wrong type raises."""
+
+
+def _unreadable(envelope: dict[str, Any], exc: Exception) -> str:
+    return f"{excerpt(envelope.get('type'))}: {type(exc).__name__}: {exc}"
+
+
+NESTED_INDENT = "  │ "
+"""What a nested run's lines start with, once per level of nesting."""
 
 
 class _Trace:
-    """Prints envelopes as they come, with rich markup."""
+    """Prints envelopes as they come, with rich markup, each run under its header."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
         self.in_text = False
+        self.runs: list[str] = []  # the top-level runs' execution ids, in order
+        self.parents: dict[str, str] = {}  # a nested run's execution id -> its parent's
+        self.indent = ""  # the prefix of the lines of the run being printed
+        self.ended: set[str] = set()  # the top-level runs whose end was printed
 
     def line(self, markup: str) -> None:
         if self.in_text:
             self.console.print()
             self.in_text = False
-        self.console.print(markup, highlight=False)
+        self.console.print(f"{self.indent}{markup}", highlight=False)
 
     def envelope(self, envelope: dict[str, Any]) -> None:
         kind, payload = envelope.get("type"), envelope.get("payload") or {}
+        self._run_of(envelope, payload)
         if kind == "agent.stream.chunk":
             chunk = escape(printable(payload.get("chunk", ""), lines=True))
+            if self.indent:  # a nested run's text stays inside its indentation
+                if not self.in_text:
+                    chunk = self.indent + chunk
+                chunk = chunk.replace("\n", "\n" + self.indent)
             self.console.print(chunk, end="", highlight=False)
             self.in_text = True
             return
@@ -97,10 +109,42 @@ class _Trace:
         if handler is not None:
             handler(payload)
 
+    def _run_of(self, envelope: dict[str, Any], payload: dict[str, Any]) -> None:
+        """Print a header when ``envelope`` is the first of a run; set the indentation
+        of the run it belongs to."""
+        execution = str(envelope.get("execution_id") or "")
+        parent = payload.get("parent_execution_id")
+        if parent is not None:
+            if execution and execution not in self.parents:
+                self.parents[execution] = str(parent)
+                self.indent = NESTED_INDENT * (self._depth(execution) - 1)
+                call = payload.get("parent_tool_call_id")
+                via = f" for call {_show(call)}" if call else ""
+                self.line(f"[bold magenta]┌ nested run {_show(execution)}[/][dim]{via}[/]")
+            self.indent = NESTED_INDENT * self._depth(execution)
+            return
+        self.indent = ""
+        if execution and execution not in self.runs:
+            self.runs.append(execution)
+            self.line(f"[bold reverse] run {len(self.runs)} · {_show(execution)} [/]")
+
+    def _depth(self, execution: str) -> int:
+        depth, seen = 0, set()
+        while execution in self.parents and execution not in seen:
+            seen.add(execution)
+            execution = self.parents[execution]
+            depth += 1
+        return depth
+
     def _agent_status(self, payload: dict[str, Any]) -> None:
         status = payload.get("status")
+        nested = payload.get("parent_execution_id") is not None
         if status == "in_progress":
-            self.line("[bold blue]● run started[/]")
+            self.line(f"[bold blue]● {'nested ' if nested else ''}run started[/]")
+        elif status in TERMINAL:
+            self.line(_ending(status, payload.get("stop_reason"), payload.get("error_message")))
+            if not nested and self.runs:
+                self.ended.add(self.runs[-1])
 
     def _agent_step_started(self, payload: dict[str, Any]) -> None:
         actor = f" [magenta]{_show(payload['actor'])}[/]" if payload.get("actor") else ""
@@ -151,12 +195,11 @@ class _Trace:
             )
 
     def result(self, view: RunView, differences: list[dict[str, Any]] | None, note: str) -> None:
-        status = view["status"]
-        colour = "green" if status == "completed" else "red"
-        detail = view.get("stop_reason") or ""
-        if view.get("error"):
-            detail = f"{detail}: {view['error']}" if detail else view["error"]
-        self.line(f"[bold {colour}]■ {_show(status)}[/]{f' ({_show(detail)})' if detail else ''}")
+        self.indent = ""
+        if len(self.runs) > 1:
+            self.line(f"[bold]followed: run {len(self.runs)} of the session's {len(self.runs)}[/]")
+        if view["execution_id"] not in self.ended:  # its end came from the stored state
+            self.line(_ending(view["status"], view.get("stop_reason"), view.get("error")))
         if differences is None:
             self.line(f"[yellow]reconcile: not checked ({_show(note)})[/]")
         elif not differences:
@@ -169,6 +212,15 @@ class _Trace:
                     f"  [red]{_show(item['field'])}{step}: events {_show(item['events'])} ≠ "
                     f"state {_show(item['snapshot'])}[/]"
                 )
+
+
+def _ending(status: Any, stop_reason: Any, error: Any) -> str:
+    """The line of a run's end: ``■ completed (stop reason)``, red unless completed."""
+    colour = "green" if status == "completed" else "red"
+    detail = str(stop_reason or "")
+    if error:
+        detail = f"{detail}: {error}" if detail else str(error)
+    return f"[bold {colour}]■ {_show(status)}[/]{f' ({_show(detail)})' if detail else ''}"
 
 
 async def _follow(
@@ -194,24 +246,32 @@ async def _follow(
             trace.resume(resume)
 
     watch = watch_session(url, session_id, since=since, token=token, key=key, on_resume=on_resume)
-    view = create_run_view(session_id)
+    session = create_session_view(session_id)
     async with watch:
         async for envelope in watch:
-            problem = _invalid(envelope)
-            if problem is not None:
+            try:
+                folded = reduce_session(session, envelope, watch.position)
+            except _UNREADABLE as exc:  # a publisher's field of the wrong type
+                problem = _unreadable(envelope, exc)
                 if as_json:
-                    emit({"position": watch.position, "envelope": envelope, "invalid": problem})
+                    emit({"position": watch.position, "envelope": envelope, "unreadable": problem})
                 else:
                     trace.line(
-                        f"[bold red]⚠ skipped an envelope that is not a valid "
-                        f"{_show(excerpt(envelope['type']))} ({_show(problem)})[/]"
+                        f"[bold red]⚠ skipped an envelope tail cannot read ({_show(problem)})[/]"
                     )
                 continue
-            view = reduce_run(view, envelope, watch.position)
+            session = folded
             if as_json:
                 emit({"position": watch.position, "envelope": envelope})
-            else:
+                continue
+            try:
                 trace.envelope(envelope)
+            except _UNREADABLE as exc:
+                trace.line(
+                    f"[bold red]⚠ cannot show an envelope ({_show(_unreadable(envelope, exc))})[/]"
+                )
+    # The run followed: the session's latest (the earlier ones were history).
+    view = latest_run(session) or create_run_view(session_id)
     snapshot, note = watch.snapshot, ""
     if snapshot is not None:
         view = apply_snapshot(view, snapshot)
@@ -227,6 +287,8 @@ async def _follow(
         emit(
             {
                 "type": "tail.result",
+                "execution_id": view["execution_id"],
+                "runs": len(session["runs"]),
                 "status": view["status"],
                 "differences": differences,
                 "resumes": [r.__dict__ for r in watch.resumes],

@@ -61,6 +61,7 @@ from broadcaster.signing import (
 )
 
 __all__ = [
+    "RUN_LIVENESS",
     "SESSION_ID",
     "TRACE_FORMATS",
     "SessionClaim",
@@ -292,6 +293,12 @@ def routes(node: Node) -> list[Route]:
             return _error(503, str(exc))
         if not found:
             return _error(404, f"no runs of session {session_id!r} (unknown, or expired)")
+        liveness = request.app.state.extensions.get(RUN_LIVENESS)
+        if liveness is not None and any(_RUNNING in raw for raw in found):
+            try:
+                found = _mark_abandoned(found, await liveness(app.id, session_id))
+            except BackendUnavailable as exc:
+                return _error(503, str(exc))
         body = b'{"session_id":' + orjson.dumps(session_id) + b',"runs":['
         return Response(body + b",".join(found) + b"]}", media_type="application/json")
 
@@ -346,6 +353,29 @@ def routes(node: Node) -> list[Route]:
         Route("/api/sessions/{session_id}/state", state, methods=["GET"]),
         Route("/api/sessions/{session_id}/runs", runs, methods=["GET"]),
         Route("/api/sessions/{session_id}/trace", trace, methods=["GET"]),
+    ]
+
+
+RUN_LIVENESS = "run_liveness"
+"""The key, in the extensions' shared state, of ``async (app_id, session_id) -> bool``:
+whether a run of the session is being run now (by whoever runs the session's runs one
+at a time: the agent_core extension registers one that reads the session's run claim).
+With it, ``GET /api/sessions/{id}/runs`` marks the runs the index lists as running but
+nothing runs any more (their server went away before they ended) ``"abandoned": true``."""
+
+_RUNNING = b'"status":"running"'
+
+
+def _mark_abandoned(found: list[bytes], active: bool) -> list[bytes]:
+    """``found`` (stored summaries, oldest first) with ``"abandoned":true`` added to each
+    run still listed as running that nothing runs: any but the session's latest (a
+    session runs one run at a time: a later one started), and the latest when
+    ``active`` is False. Summaries are compact JSON objects, so the field goes before
+    the closing brace."""
+    latest = len(found) - 1
+    return [
+        raw[:-1] + b',"abandoned":true}' if _RUNNING in raw and (i < latest or not active) else raw
+        for i, raw in enumerate(found)
     ]
 
 

@@ -57,6 +57,7 @@ from agent_core.app.runs import (
     RunRequest,
     RunStarter,
     new_session_id,
+    run_claim,
 )
 from agent_core.app.worker import RunQueue
 from agent_core.builder import DEFAULT_MAX_STEPS
@@ -69,6 +70,7 @@ from broadcaster.http_input import BodyRefused, describe_validation, read_body, 
 from broadcaster.node import Node
 from broadcaster.publishers import BackendStateStore, InProcessPublisher, state_key
 from broadcaster.sessions import (
+    RUN_LIVENESS,
     SESSION_ID,
     TRACE_FORMATS,
     private_channel,
@@ -178,6 +180,13 @@ class _Demo:
         self.runs = self._queue() if self.settings.run_mode == "queue" else self._local()
         return self.runs
 
+    async def running(self, app_id: str, session_id: str) -> bool:
+        """Whether a run of the session is being run now, on any node or worker: its
+        run claim is held (renewed while the run goes, so a dead node's lapses within
+        ``run_lease``). The run index's answer uses it (``RUN_LIVENESS``)."""
+        holder = await self.node.backend.claim_holder(app_id, run_claim(session_id))
+        return holder is not None
+
     def check(self) -> None:
         """Refuse settings that cannot work together.
 
@@ -277,6 +286,7 @@ def install(ctx: ExtensionContext) -> None:
     ctx.routes += agui.routes(demo)
     ctx.routes += vercel_ai.routes(demo)
     ctx.state["demo"] = demo
+    ctx.state[RUN_LIVENESS] = demo.running  # runs listed as running that nothing runs
     _register_otlp(ctx)
 
 

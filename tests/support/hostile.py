@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["HOSTILE", "controls", "hostile_run", "hostile_state"]
+__all__ = ["EXECUTION_ID", "HOSTILE", "NESTED_ID", "controls", "hostile_run", "hostile_state"]
 
 HOSTILE = (
     "\x1b]52;c;ZXZpbA==\x07"  # OSC 52: put "evil" on the clipboard
@@ -20,6 +20,9 @@ HOSTILE = (
     "[link=https://evil.example/]markup[/link][bold]"  # rich markup
 )
 """A string with an escape sequence of each kind a terminal acts on."""
+EXECUTION_ID = "x-\x1b]0;run\x07\x9b2J[link=https://evil.example/]x[/link]"
+"""A hostile execution id (ids are at most 128 characters)."""
+NESTED_ID = "n-\x1b]8;;https://evil.example/\x1b\\nested\x1b]8;;\x1b\\"
 
 _CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
@@ -44,6 +47,10 @@ def hostile_run(session_id: str, execution_id: str) -> list[dict[str, Any]]:
             "payload": payload,
         }
 
+    def nested(kind: str, **payload: Any) -> dict[str, Any]:
+        link = {"parent_execution_id": execution_id, "parent_tool_call_id": h}
+        return {**envelope(kind, **link, **payload), "execution_id": NESTED_ID}
+
     evaluation = {"criterion": h, "decision": "stop", "reason": h, "stop_reason": h}
     return [
         envelope("agent.status", status="in_progress"),
@@ -63,6 +70,10 @@ def hostile_run(session_id: str, execution_id: str) -> list[dict[str, Any]]:
             args_summary=h,
             arguments={"city": h},
         ),
+        # A run nested under the call: its execution id and the call it serves are shown.
+        nested("agent.status", status="in_progress"),
+        nested("agent.step.started", step_number=1, actor=h),
+        nested("agent.status", status="completed", stop_reason=h),
         envelope(
             "agent.tool.completed",
             step_number=1,

@@ -30,10 +30,10 @@ from broadcaster.client import (
 )
 from broadcaster.envelope import parse_envelope
 from broadcaster.publishers import PusherHTTPPublisher
-from tests.support.hostile import controls, hostile_run, hostile_state
+from tests.support.hostile import EXECUTION_ID, controls, hostile_run, hostile_state
 from tests.support.live import APP_ID, KEY, SECRET
 from tests.support.processes import REPO, ServerFactory, ServerProcess
-from tests.support.reliability import publish
+from tests.support.reliability import publish, publish_sync
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +52,7 @@ async def start_run(url: str, **body: Any) -> dict[str, Any]:
     body.setdefault("input", WEATHER)
     async with httpx.AsyncClient() as http:
         response = await http.post(f"{url}/run", json=body)
-    assert response.status_code == 202, response.text
+    assert response.status_code == (200 if body.get("wait") else 202), response.text
     answer: dict[str, Any] = response.json()
     return answer
 
@@ -252,9 +252,9 @@ async def test_tail_json_prints_each_envelope_with_its_position_then_the_result(
 
 async def publish_hostile_run(url: str, session_id: str) -> list[dict[str, Any]]:
     """Publish :func:`hostile_run` on ``session_id`` through the signed HTTP API, with an
-    envelope of a known type that is not valid among them (its step number is markup),
+    envelope tail cannot fold among them (its step number is markup, not a number),
     and store a state that differs in hostile text; returns the valid envelopes."""
-    run = hostile_run(session_id, "x-hostile")
+    run = hostile_run(session_id, EXECUTION_ID)
     channel = f"agent.{session_id}"
     invalid = {**run[2], "payload": {"step_number": "[link=https://evil.example/]9[/link]"}}
     async with PusherHTTPPublisher(url, APP_ID, KEY, SECRET, timeout=30) as pusher:
@@ -266,7 +266,7 @@ async def publish_hostile_run(url: str, session_id: str) -> list[dict[str, Any]]
             assert answer.status_code == 200, answer.text
         for envelope in run[2:]:
             await pusher.broadcast(channel, parse_envelope(envelope))
-        await pusher.save(channel, json.dumps(hostile_state("x-hostile")).encode())
+        await pusher.save(channel, json.dumps(hostile_state(EXECUTION_ID)).encode())
     return run
 
 
@@ -299,8 +299,10 @@ async def test_tail_shows_escape_sequences_a_run_carries_as_text_never_acts_on_t
         "\\x1b]52;c;ZXZpbA==\\x07",  # shown as escapes, in full
         "\\x9b31m",
         "[link=https://evil.example/]markup[/link][bold]",  # markup shown as text
-        "⚠ skipped an envelope that is not a valid 'agent.step.started' (payload.step_number",
+        "⚠ skipped an envelope tail cannot read ('agent.step.started': TypeError",
         "reconcile: ",
+        "run 1 · x-\\x1b]0;run\\x07\\x9b2J[link=https://evil.example/]x[/link]",
+        "┌ nested run n-\\x1b]8;;https://evil.example/",
     ):
         assert visible in shown, text
     assert "\nline two" in text  # streamed text keeps its line breaks
@@ -320,11 +322,80 @@ async def test_tail_json_escapes_every_control_character_and_keeps_the_text(
     text = done.stdout.decode("utf-8")
     assert controls(text) == []
     records = [json.loads(line) for line in text.split("\n") if line]
-    envelopes = [r["envelope"] for r in records if "envelope" in r and "invalid" not in r]
+    envelopes = [r["envelope"] for r in records if "envelope" in r and "unreadable" not in r]
     assert envelopes == [parse_envelope(e).model_dump(mode="json") for e in run]
-    [invalid] = [r for r in records if "invalid" in r]
-    assert invalid["invalid"].startswith("payload.step_number")
+    [unreadable] = [r for r in records if "unreadable" in r]
+    assert unreadable["unreadable"].startswith("'agent.step.started': TypeError")
+    assert unreadable["envelope"]["payload"]["step_number"].startswith("[link=")
     assert records[-1]["type"] == "tail.result"
+
+
+async def test_tail_keeps_a_sessions_runs_apart_and_follows_the_latest_to_its_end(
+    demo: ServerProcess,
+) -> None:
+    """Two runs ended (the second failed) and a third still going when tail starts: each
+    run is printed under its own header, and tail follows the third to its end (it used
+    to stop after the history, as the first run had ended) and exits by it: 0."""
+    first = await start_run(demo.url, pace_ms=5, wait=True)
+    session = first["session_id"]
+    await start_run(demo.url, session_id=session, input=f"{WEATHER} [fail:model]", wait=True)
+    third = await start_run(demo.url, session_id=session, pace_ms=80)
+    done = await asyncio.to_thread(tail, session, "--url", demo.url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    headers = [out.index(f"run {n} · ") for n in (1, 2, 3)]
+    assert headers == sorted(headers), out
+    assert f"run 3 · {third['execution_id']}" in out
+    assert out.index("■ failed") < headers[2] < out.index("■ completed", headers[2]), out
+    assert "followed: run 3 of the session's 3" in out
+    assert "reconcile: in sync" in out
+
+
+def _publish(url: str, envelope: dict[str, Any]) -> None:
+    """Publish ``envelope`` on its session's channel through the signed HTTP API, as an
+    agent outside the server does."""
+    channel = f"agent.{envelope['session_id']}"
+    response = publish_sync(url, channel, envelope["type"], json.dumps(envelope))
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize(
+    ("inner", "outer", "code"), [("failed", "completed", 0), ("completed", "failed", 1)]
+)
+def test_tail_exits_by_the_run_it_follows_not_by_a_run_nested_in_it(
+    demo: ServerProcess, inner: str, outer: str, code: int
+) -> None:
+    """A run nested in the one followed (a capability's inner agent) is printed indented
+    under its call, and its end neither ends tail nor sets its exit status."""
+    session = f"nested-{inner}"
+
+    def status(execution: str, value: str, **link: str) -> dict[str, Any]:
+        payload: dict[str, Any] = {"status": value, **link}
+        if value == "failed":
+            payload.update(stop_reason="error", error_message=f"{execution} failed")
+        return {
+            "type": "agent.status",
+            "session_id": session,
+            "execution_id": execution,
+            "timestamp": "2024-05-01T12:00:00Z",
+            "payload": payload,
+        }
+
+    link = {"parent_execution_id": "x-outer", "parent_tool_call_id": "cap_1"}
+    for envelope in (
+        status("x-outer", "in_progress"),
+        status("x-inner", "in_progress", **link),
+        status("x-inner", inner, **link),
+        status("x-outer", outer),
+    ):
+        _publish(demo.url, envelope)
+    done = tail(session, "--url", demo.url)
+    assert done.returncode == code, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].strip() == "run 1 · x-outer"
+    assert "┌ nested run x-inner for call cap_1" in lines
+    assert f"  │ ■ {inner}" in "\n".join(lines)
+    assert any(line.startswith(f"■ {outer}") for line in lines), lines
 
 
 @pytest.mark.parametrize(

@@ -430,3 +430,40 @@ async def test_a_sessions_second_run_is_listed_with_its_own_steps_and_tokens(
         (outside,) = (await http.get("/api/sessions/epsilon/runs")).json()["runs"]
         assert outside["input_preview"] == "What is the weather in Oslo?"
         assert outside["status"] == "completed"
+
+
+async def test_a_run_listed_running_that_nothing_runs_is_marked_abandoned(
+    start_server: StartServer,
+) -> None:
+    """A run still listed ``running`` whose server went away before its end (the
+    session's run claim lapsed) is answered ``"abandoned": true``; an earlier running
+    row is abandoned whatever the claim (one run at a time per session). A run going on
+    is not, and a server without the demo extension (no one to ask) marks nothing."""
+    live = await start_server(demo=True)
+    node, app = live.node, live.node.apps[0]
+    runs = BackendStateStore(node.backend, app.id).runs
+    for execution in ("x-dead-1", "x-dead-2"):
+        await runs.started("agent.crashed", execution, input_text="hi", started_at=next(CLOCK))
+    async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
+
+        async def abandoned() -> list[bool]:
+            answer = await http.get("/api/sessions/crashed/runs")
+            assert answer.status_code == 200, answer.text
+            return [run.get("abandoned", False) for run in answer.json()["runs"]]
+
+        assert await abandoned() == [True, True]
+        assert await node.backend.claim_value(app.id, "run:crashed", "someone", 30)
+        assert await abandoned() == [True, False]  # the latest may be running somewhere
+
+        started = await http.post("/run", json={"input": "weather in Oslo?", "pace_ms": 150})
+        session = started.json()["session_id"]
+        going = (await http.get(f"/api/sessions/{session}/runs")).json()["runs"]
+        assert [(run["status"], "abandoned" in run) for run in going] == [("running", False)]
+
+    bare = await start_server()
+    store = BackendStateStore(bare.node.backend, bare.node.apps[0].id)
+    await store.runs.started("agent.crashed", "x-dead-1", started_at=next(CLOCK))
+    async with httpx.AsyncClient(base_url=bare.url, timeout=10) as http:
+        [run] = (await http.get("/api/sessions/crashed/runs")).json()["runs"]
+        assert run["status"] == "running"
+        assert "abandoned" not in run
