@@ -3,7 +3,7 @@
 // run's own keys and never set anything on Object.prototype or another shared object.
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { createRunView, reduceRun, reduceRunAll } from "../dist/index.js";
+import { createRunView, createSessionView, latestRun, reduceRun, reduceRunAll, reduceSession } from "../dist/index.js";
 
 const KEYS = ["__proto__", "constructor", "prototype", "toString", "hasOwnProperty", "__defineGetter__"];
 const T = "2026-01-16T10:05:00.123Z";
@@ -39,10 +39,13 @@ for (const key of KEYS) {
     let view = createRunView("s-1");
     for (const { envelope, position } of records(key)) view = reduceRun(view, envelope, position);
     const all = reduceRunAll(createRunView("s-1"), records(key));
+    let session = createSessionView("s-1");
+    for (const { envelope, position } of records(key)) session = reduceSession(session, envelope, position);
     assert.deepEqual(shared(), before);
     assert.equal({}.status, undefined);
     assert.equal(typeof Object.prototype.execution_id, "undefined");
-    for (const run of [view, all]) {
+    assert.equal(session.runs.length, 1);
+    for (const run of [view, all, latestRun(session)]) {
       assert.equal(run.status, "completed");
       assert.ok(Object.hasOwn(run.nested, key), "the nested run is under its own key");
       assert.ok(Object.hasOwn(run.nested[key], key));
