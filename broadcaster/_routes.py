@@ -171,29 +171,28 @@ class Route:
     epoch = property(attrgetter("_epoch"))
     open_state = property(attrgetter("_open_state"))
 
-    @property
-    def limit(self) -> int:
+    def _initialised(self, error: type[Exception]) -> None:
+        """Raise ``error`` when the route was never initialised (``__init__`` sets
+        ``_head`` last)."""
         try:
             self._head  # noqa: B018
         except AttributeError:
-            raise _uninitialised(AttributeError) from None
+            raise _uninitialised(error) from None
+
+    @property
+    def limit(self) -> int:
+        self._initialised(AttributeError)
         return self._limit
 
     @property
     def offset(self) -> int:
-        try:
-            self._head  # noqa: B018
-        except AttributeError:
-            raise _uninitialised(AttributeError) from None
+        self._initialised(AttributeError)
         return self._offset
 
     @offset.setter
     def offset(self, value: int) -> None:
         value = _bounded("offset", value, _MAX_OFFSET, "2**63 - 1")
-        try:
-            self._head  # noqa: B018
-        except AttributeError:
-            raise _uninitialised(TypeError) from None
+        self._initialised(TypeError)
         self._offset = value
 
 
