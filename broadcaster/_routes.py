@@ -57,7 +57,6 @@ __all__ = ["COMPILED", "PyRoute", "Route", "RouteTable", "deliver", "py_deliver"
 
 
 _MAX_OFFSET = (1 << 63) - 1
-_MAX_DIGITS = 18
 
 
 def _not_bytes(field: str, value: object) -> None:
