@@ -46,7 +46,12 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent_core._time import utc_now
-from agent_core.adapters.broadcasting import AdapterOptions, AgentEventAdapter
+from agent_core.adapters.broadcasting import (
+    AdapterOptions,
+    AgentEventAdapter,
+    FinalStateRefused,
+    encode_final_state,
+)
 from agent_core.adapters.orchestration_broadcasting import (
     OrchestrationEventAdapter,
     publishing_nested_runs,
@@ -653,6 +658,8 @@ class RunManager:
         state = stopped_state(adapter.latest, reason, utc_now())
         try:
             return await self._store(handle, state)
+        except FinalStateRefused as exc:
+            return exc.state_url
         except Exception:
             logger.exception("cannot store the failed state of session %s", handle.session_id)
             return None
@@ -683,9 +690,17 @@ class RunManager:
         return self._serializer.deserialize(data).with_user_message(text)
 
     async def _store(self, handle: RunHandle, state: AgentState) -> str:
-        snapshot = self._serializer.serialize(state)
-        await self.state_store.save(handle.channel, orjson.dumps(snapshot))
+        """Store ``state`` as the session's final one; where it is.
+
+        Raises:
+            FinalStateRefused: JSON cannot carry it; it was stored ``failed`` instead
+                (:func:`~agent_core.adapters.broadcasting.encode_final_state`).
+        """
+        data, refused = encode_final_state(self._serializer.serialize(state))
+        await self.state_store.save(handle.channel, data)
         self._ending(handle)
+        if refused is not None:
+            raise FinalStateRefused(refused, self.state_url(handle.session_id))
         return self.state_url(handle.session_id)
 
     def _ending(self, handle: RunHandle) -> None:
@@ -723,7 +738,7 @@ class RunManager:
                     state = await router.handle(
                         request.input, handle.session_id, execution_id=handle.execution_id
                     )
-            await adapter.publish_final(await self._store_routed(handle, state, memory.context))
+            await adapter.publish_final(*await self._store_routed(handle, state, memory.context))
         except Exception as exc:
             message = self._failure(handle, exc, deadline)
             if not await adapter.publish_final(None):
@@ -746,18 +761,20 @@ class RunManager:
 
     async def _store_routed(
         self, handle: RunHandle, state: RoutingState, context: SessionContext
-    ) -> str | None:
+    ) -> tuple[str | None, str | None]:
+        """Store a routed run's final state: where it is (None: it was not stored,
+        logged), and why the run failed when it had to be stored ``failed``."""
         capabilities = [r.step.capability for r in state.execution_results()]
         if capabilities:
             self._capabilities[handle.execution_id] = ", ".join(dict.fromkeys(capabilities))
         try:
-            snapshot = _routed_snapshot(state, context)
-            await self.state_store.save(handle.channel, orjson.dumps(snapshot))
+            data, refused = encode_final_state(_routed_snapshot(state, context))
+            await self.state_store.save(handle.channel, data)
             self._ending(handle)
         except Exception:
             logger.exception("could not store the final state of session %s", handle.session_id)
-            return None
-        return self.state_url(handle.session_id)
+            return None, None
+        return self.state_url(handle.session_id), refused
 
 
 _ROUTED = SlimProcessStateSerializer(
