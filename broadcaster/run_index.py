@@ -18,7 +18,6 @@ Where the index lives is the backend's business (:class:`RunIndex`): in memory, 
 
 from __future__ import annotations
 
-import base64
 import logging
 import re
 import time
@@ -31,8 +30,10 @@ import orjson
 
 from broadcaster.envelope import wire_int
 from broadcaster.publication import Publication
+from broadcaster.signing import LIST_CURSOR, seal, unseal
 
 __all__ = [
+    "MAX_CURSOR",
     "MAX_QUERY",
     "PREVIEW_CHARS",
     "RUN_INDEX_SIZE",
@@ -190,19 +191,29 @@ class RunIndex(Protocol):
 # -- cursors and filters ------------------------------------------------------------------
 
 
-def encode_cursor(key: tuple[int, str]) -> str:
-    return base64.urlsafe_b64encode(orjson.dumps(list(key))).decode().rstrip("=")
+MAX_CURSOR = 1024
+"""The longest cursor read (ours are at most about 450 characters)."""
+_BAD_CURSOR = "invalid cursor: pass next_cursor from a previous answer, unchanged"
 
 
-def decode_cursor(text: str) -> tuple[int, str]:
-    """Raises ValueError for anything :func:`encode_cursor` did not write."""
+def encode_cursor(key: tuple[int, str], secret: str) -> str:
+    """The list's cursor of index key ``key`` (``(started_ms, member)``), sealed with the
+    app's ``secret`` (:func:`broadcaster.signing.seal`): it names the last run examined,
+    which may be a run the reader cannot see (a private one), so the reader gets it
+    opaque and cannot change it."""
+    return seal(secret, LIST_CURSOR, orjson.dumps(list(key)))
+
+
+def decode_cursor(text: str, secret: str) -> tuple[int, str]:
+    """Raises ValueError for anything :func:`encode_cursor` did not write with ``secret``."""
+    if len(text) > MAX_CURSOR:
+        raise ValueError(f"{_BAD_CURSOR} (this one is over {MAX_CURSOR} characters)")
     try:
-        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-        started, member = orjson.loads(raw)
-    except (ValueError, TypeError, orjson.JSONDecodeError) as exc:
-        raise ValueError("invalid cursor: pass next_cursor from a previous answer") from exc
-    if not isinstance(started, int) or not isinstance(member, str):
-        raise ValueError("invalid cursor: pass next_cursor from a previous answer")
+        started, member = orjson.loads(unseal(secret, LIST_CURSOR, text))
+    except (ValueError, TypeError) as exc:  # orjson.JSONDecodeError is a ValueError
+        raise ValueError(_BAD_CURSOR) from exc
+    if type(started) is not int or not isinstance(member, str):
+        raise ValueError(_BAD_CURSOR)
     return started, member
 
 

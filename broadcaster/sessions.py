@@ -39,11 +39,11 @@ from starlette.routing import Route
 from broadcaster._text import excerpt
 from broadcaster.backends.base import BackendUnavailable
 from broadcaster.exceptions import ApiError
+from broadcaster.limits import ClientBuckets, client_address
 from broadcaster.node import Node
 from broadcaster.publishers import state_key
 from broadcaster.run_index import (
     MAX_QUERY,
-    RUN_INDEX_SIZE,
     RunFilter,
     RunIndex,
     build_trace,
@@ -61,6 +61,7 @@ from broadcaster.signing import (
 )
 
 __all__ = [
+    "SCAN_BUDGET",
     "SESSION_ID",
     "TRACE_FORMATS",
     "SessionClaim",
@@ -186,6 +187,37 @@ def bearer_token(request: Request) -> str | None:
     return request.query_params.get("token")
 
 
+def _listed_app(node: Node, request: Request) -> AppConfig:
+    """The app whose runs ``GET /api/sessions`` lists: the first one, or the one named
+    by ``?app_key=`` (or, signed, ``auth_key``). Another app named by ``?app_id=`` alone
+    is refused: its runs are listed only to whoever has its key, as its channels are
+    read (the key is in its own pages, not guessable like a small app id).
+
+    Raises:
+        SessionRefused: 404 unknown key, 403 another app without its key or a disabled
+            app.
+    """
+    params = request.query_params
+    key = params.get("app_key") or params.get("auth_key")
+    app_id = params.get("app_id")
+    if key is None:
+        if app_id is not None and app_id != node.apps[0].id:
+            raise SessionRefused(
+                403,
+                f"listing the runs of app {excerpt(app_id)} needs its key: add "
+                "app_key=<its key>, or sign the request as the app",
+            )
+        app = node.apps[0]
+    else:
+        found = node.app_by_key(key)
+        if found is None or (app_id is not None and app_id != found.id):
+            raise SessionRefused(404, f"no app with key {excerpt(key)} (and that app_id)")
+        app = found
+    if not app.enabled:
+        raise SessionRefused(403, f"app {excerpt(app.id)} is disabled")
+    return app
+
+
 def request_app(node: Node, request: Request) -> AppConfig:
     """The app named by ``?app_id=`` (default: the first one).
 
@@ -265,11 +297,24 @@ def routes(node: Node) -> list[Route]:
             )
         return Response(snapshot, media_type="application/json")
 
+    settings = node.settings
+    rate, burst = settings.run_list_rate, settings.run_list_burst
+    listing = ClientBuckets(rate, burst) if rate else None
+
     async def sessions(request: Request) -> Response:
+        client = client_address(request)
+        wait = 0.0 if listing is None or client is None else listing.take(client)
+        if wait:
+            retry = max(1, math.ceil(wait))
+            message = (
+                f"too many run list requests from {client}: at most {burst} in a row, then "
+                f"{rate:g} a second (run_list_rate); retry in {retry} s"
+            )
+            return _error(429, message, headers={"Retry-After": str(retry)})
         try:
-            app = request_app(node, request)
+            app = _listed_app(node, request)
             query = _list_query(app, request)
-            body = await _list(node.backend.runs, app.id, query)
+            body = await _list(node.backend.runs, app, query)
         except SessionRefused as exc:
             return _error(exc.status, str(exc))
         except BackendUnavailable as exc:
@@ -356,8 +401,10 @@ agent_core extension registers ``otlp`` (:mod:`agent_core.integrations.otel`).""
 
 MAX_PAGE = 200
 DEFAULT_PAGE = 50
-SCAN_BUDGET = RUN_INDEX_SIZE
-"""The most index entries one list request reads (filters that match little)."""
+SCAN_BUDGET = 1000
+"""The most index entries one list request reads: a filter that matches little gets a
+partial page and a ``next_cursor`` to go on from (a few milliseconds of the event loop
+per request, not the whole index's 50)."""
 _STATUSES = ("running", "completed", "failed")
 
 
@@ -383,7 +430,7 @@ def _list_query(app: AppConfig, request: Request) -> _ListQuery:
     before = None
     if params.get("cursor"):
         try:
-            before = decode_cursor(params["cursor"])
+            before = decode_cursor(params["cursor"], app.secret)
         except ValueError as exc:
             raise SessionRefused(400, str(exc)) from None
     status = params.get("status") or None
@@ -436,8 +483,9 @@ def _number(params: Mapping[str, str], name: str, kind: type[_N], default: _N | 
     return value
 
 
-async def _list(index: RunIndex, app_id: str, query: _ListQuery) -> bytes:
+async def _list(index: RunIndex, app: AppConfig, query: _ListQuery) -> bytes:
     """One page of the index, newest first: ``{"runs": [...], "next_cursor": ...}``."""
+    app_id = app.id
     found: list[bytes] = []
     key_of_last: tuple[int, str] | None = None
     before, scanned, more = query.before, 0, True
@@ -462,10 +510,10 @@ async def _list(index: RunIndex, app_id: str, query: _ListQuery) -> bytes:
                 key_of_last = (entry.started_ms, entry.member)
         more, before = next_key is not None, next_key
     if len(found) > query.limit:
-        cursor: str | None = None if key_of_last is None else encode_cursor(key_of_last)
+        cursor: str | None = None if key_of_last is None else encode_cursor(key_of_last, app.secret)
         found = found[: query.limit]
     elif more and before is not None:
-        cursor = encode_cursor(before)  # the scan budget ran out: go on from here
+        cursor = encode_cursor(before, app.secret)  # the scan budget ran out: go on from here
     else:
         cursor = None
     return b'{"runs":[' + b",".join(found) + b'],"next_cursor":' + orjson.dumps(cursor) + b"}"
@@ -490,5 +538,5 @@ def _filename(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.\-=@,;]", "_", name)[:200]
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)

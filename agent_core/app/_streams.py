@@ -4,7 +4,6 @@ opens its channel feed before answering."""
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 from agent_core.app.runs import RunHandle, RunRefused, RunRequest, SessionBusy
 from broadcaster import envelope as env
 from broadcaster.backends.base import Backend, BackendUnavailable
+from broadcaster.limits import client_address
 from broadcaster.node import Node
 from broadcaster.publication import Position
 from broadcaster.sessions import SessionClaim, bearer_token, claim_session, release_claim
@@ -110,25 +110,6 @@ async def start_run(
     except (BackendUnavailable, RedisError, OSError) as exc:
         return json_error(503, f"cannot start the run now: {exc}")
     return Started(handle, None if claim is None else claim.token(host.app))
-
-
-def client_address(request: Request) -> str | None:
-    """Who the per-client run limits count: the peer's address, or the one a trusted
-    proxy named (``--trusted-proxies``: the connection guard puts it in the ASGI scope).
-    An IPv6 client counts as its /64: one host is commonly given a whole /64, so
-    counting each address would multiply every limit by as many as it picks."""
-    if request.client is None:
-        return None
-    host = request.client.host
-    if ":" not in host:
-        return host
-    try:
-        address = ipaddress.IPv6Address(host)
-    except ValueError:
-        return host  # not an address (a test client's name, a Unix socket): as it is
-    if address.ipv4_mapped is not None:
-        return str(address.ipv4_mapped)
-    return str(ipaddress.IPv6Network((address, 64), strict=False))
 
 
 async def _claim(

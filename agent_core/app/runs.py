@@ -39,7 +39,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from itertools import islice
 from typing import Any, Literal, Protocol
 
 import orjson
@@ -74,6 +73,7 @@ from agent_core.state import AgentState, AgentStatus
 from agent_core.tools import Tool
 from broadcaster.backends.base import Backend
 from broadcaster.envelope import channel_for
+from broadcaster.limits import ClientBuckets
 from broadcaster.publishers import BufferedPublisher, Publisher, StateStore, run_recorder
 
 __all__ = [
@@ -262,74 +262,38 @@ the next run at once, and must not be told the session is busy."""
 predicted)."""
 
 
-@dataclass
-class ClientRateLimit:
+class ClientRateLimit(ClientBuckets):
     """Runs a client may start: ``burst`` at once, then ``per_minute`` (a token bucket
-    per client). Remembers at most ``max_clients`` clients: full buckets are forgotten
-    first (they are the same as none), then the least recently used.
+    per client, :class:`broadcaster.limits.ClientBuckets`).
 
     Raises:
         ValueError: for a non-positive rate or burst.
     """
 
-    per_minute: float
-    burst: int
-    max_clients: int = 10_000
-    clock: Callable[[], float] = time.monotonic
-    _buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
+    def __init__(
+        self,
+        per_minute: float,
+        burst: int,
+        max_clients: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(per_minute / 60, burst, max_clients, clock)
+        self.per_minute = per_minute
 
-    def __post_init__(self) -> None:
-        if not (self.per_minute > 0 and self.burst >= 1 and self.max_clients >= 1):
-            raise ValueError(
-                "need per_minute > 0, burst >= 1 and max_clients >= 1, got "
-                f"{self.per_minute!r}, {self.burst!r} and {self.max_clients!r}"
-            )
-
-    def __len__(self) -> int:
-        return len(self._buckets)
-
-    def take(self, client: str) -> None:
-        """Spend one run of ``client``'s allowance.
+    def take(self, client: str) -> float:
+        """Spend one run of ``client``'s allowance; 0.0.
 
         Raises:
             TooManyRuns: none is left; ``retry_after`` says when one will be.
         """
-        now = self.clock()
-        tokens = self._tokens(client, now)
-        if tokens < 1:
-            wait = (1 - tokens) * 60 / self.per_minute
+        wait = super().take(client)
+        if wait:
             raise TooManyRuns(
                 f"too many runs from {client}: at most {self.burst} in a row, then "
                 f"{self.per_minute:g} a minute; retry in {math.ceil(wait)} s",
                 wait,
             )
-        self._buckets.pop(client, None)  # re-inserted last: least recently used first
-        self._buckets[client] = (tokens - 1, now)
-        if len(self._buckets) > self.max_clients:
-            self._forget(now)
-
-    def refund(self, client: str) -> None:
-        """Give back a run taken by :meth:`take` that did not start."""
-        found = self._buckets.get(client)
-        if found is not None:
-            self._buckets[client] = (min(found[0] + 1, float(self.burst)), found[1])
-
-    def _tokens(self, client: str, now: float) -> float:
-        found = self._buckets.get(client)
-        if found is None:
-            return float(self.burst)
-        tokens, stamp = found
-        return min(float(self.burst), tokens + (now - stamp) * self.per_minute / 60)
-
-    def _forget(self, now: float) -> None:
-        for client in [c for c in self._buckets if self._tokens(c, now) >= self.burst]:
-            del self._buckets[client]
-        if len(self._buckets) > self.max_clients:
-            # Down to 90%, so that this scan runs at most once per max_clients/10 takes.
-            for client in list(
-                islice(self._buckets, len(self._buckets) - self.max_clients * 9 // 10)
-            ):
-                del self._buckets[client]
+        return wait
 
 
 def run_claim(session_id: str) -> str:

@@ -113,7 +113,7 @@ def test_the_rate_limit_remembers_a_bounded_number_of_clients() -> None:
 
 @pytest.mark.parametrize(("rate", "burst"), [(0, 1), (1, 0)])
 def test_a_rate_limit_needs_a_positive_rate_and_burst(rate: float, burst: int) -> None:
-    with pytest.raises(ValueError, match="need per_minute > 0"):
+    with pytest.raises(ValueError, match="need a rate > 0"):
         ClientRateLimit(per_minute=rate, burst=burst)
 
 
