@@ -480,6 +480,15 @@ class RunRecorder:
         self._ttl = ttl
         self._trace_bytes = trace_bytes
 
+    async def recorded(self, channel: str, execution_id: str) -> bool:
+        """Whether run ``execution_id`` of ``channel`` is in the index (running or
+        ended).
+
+        Raises:
+            BackendUnavailable: the index cannot be read now.
+        """
+        return await self._index.load_run(self._app_id, channel, execution_id) is not None
+
     async def started(
         self,
         channel: str,

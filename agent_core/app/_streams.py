@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from agent_core.app.runs import RunHandle, RunRefused, RunRequest, SessionBusy
+from agent_core.app.runs import ExecutionTaken, RunHandle, RunRefused, RunRequest, SessionBusy
 from broadcaster import envelope as env
 from broadcaster.backends.base import Backend, BackendUnavailable
 from broadcaster.limits import client_address
@@ -91,7 +91,8 @@ async def start_run(
     host: RunHost, request: Request, session_id: str, wanted: RunRequest, kind: str
 ) -> Started | Response:
     """Start ``wanted`` on ``session_id`` for ``request``; the refusal to answer instead:
-    403 (someone else's private session; ``kind`` names it, e.g. "thread"), 409 (busy),
+    403 (someone else's private session; ``kind`` names it, e.g. "thread"), 409 (busy,
+    or an execution id that is already a run of the session),
     429/503 with ``Retry-After`` (limits), 503 (backend down)."""
     try:
         claim = await _claim(host, request, session_id, kind)
@@ -105,6 +106,8 @@ async def start_run(
             raise
     except SessionBusy as exc:
         return json_error(409, str(exc), session_id=exc.session_id)
+    except ExecutionTaken as exc:
+        return json_error(409, str(exc), execution_id=exc.execution_id)
     except RunRefused as exc:  # per-client limits, a full node or queue
         return JSONResponse(exc.answer, status_code=exc.status, headers=exc.headers)
     except (BackendUnavailable, RedisError, OSError) as exc:

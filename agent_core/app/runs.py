@@ -75,6 +75,7 @@ from broadcaster.backends.base import Backend
 from broadcaster.envelope import channel_for
 from broadcaster.limits import ClientBuckets
 from broadcaster.publishers import BufferedPublisher, Publisher, StateStore, run_recorder
+from broadcaster.run_index import RunRecorder
 
 __all__ = [
     "MAX_WAIT_SECONDS",
@@ -84,6 +85,7 @@ __all__ = [
     "BackendClaims",
     "ClientRateLimit",
     "DriverFactory",
+    "ExecutionTaken",
     "PacedDriver",
     "RouterFactory",
     "RunHandle",
@@ -97,6 +99,7 @@ __all__ = [
     "SessionClaims",
     "TooManyRuns",
     "ToolsFactory",
+    "check_new_execution",
     "end_abandoned",
     "new_execution_id",
     "new_session_id",
@@ -139,7 +142,8 @@ class RunRequest(BaseModel):
         default=None,
         min_length=1,
         max_length=128,
-        description="the run's id on its envelopes (e.g. AG-UI's runId); default: x-<hex>",
+        description="the run's id on its envelopes (e.g. AG-UI's runId); default: x-<hex>; "
+        "an id that is already a run of the session is refused (409)",
     )
     max_steps: int | None = Field(
         default=None,
@@ -218,6 +222,37 @@ class SessionBusy(Exception):
             "agent.status before starting another"
         )
         self.session_id = session_id
+
+
+class ExecutionTaken(Exception):
+    """A run start named an execution id (``POST /run``'s ``execution_id``, AG-UI's
+    ``runId``) that is already a run of its session: a second run under it would
+    rewrite the first's record (its index row, its trace). 409."""
+
+    def __init__(self, session_id: str, execution_id: str) -> None:
+        super().__init__(
+            f"execution id {execution_id!r} is already a run of session {session_id!r}: a "
+            "new run needs a new execution id (leave it out and the server assigns one)"
+        )
+        self.session_id = session_id
+        self.execution_id = execution_id
+
+
+async def check_new_execution(
+    runs: RunRecorder | None, session_id: str, channel: str, execution_id: str | None
+) -> None:
+    """Refuse an execution id a client chose that names a run recorded on the session
+    (in ``runs``, the run index): the client may name its new run, never take over one.
+    Called once the session is claimed, so no other run of it can start meanwhile.
+
+    Raises:
+        ExecutionTaken: it does.
+        broadcaster.backends.BackendUnavailable: the index cannot be read now.
+    """
+    if execution_id is None or runs is None:
+        return
+    if await runs.recorded(channel, execution_id):
+        raise ExecutionTaken(session_id, execution_id)
 
 
 class RunRefused(Exception):
@@ -427,6 +462,8 @@ class RunManager:
 
         Raises:
             SessionBusy: the session already has a run (on any node, with ``claims``).
+            ExecutionTaken: the request's ``execution_id`` is a recorded run of the
+                session.
             RunsFull: this node runs ``max_runs`` runs already.
             TooManyRuns: ``client`` has ``client_runs`` runs going, or started runs too
                 fast.
@@ -446,7 +483,7 @@ class RunManager:
         self._count(client, 1)
         owner = secrets.token_hex(8)
         try:
-            position = await self._claim_and_locate(session_id, owner, channel)
+            position = await self._claim_and_locate(session_id, owner, channel, request)
         except BaseException:
             self._forget(session_id)
             if client is not None and self.client_rate is not None:
@@ -493,11 +530,16 @@ class RunManager:
         if run is not None:
             self._count(run.client, -1)
 
-    async def _claim_and_locate(self, session_id: str, owner: str, channel: str) -> str | None:
-        """Claim the session across nodes, then read the channel's position."""
+    async def _claim_and_locate(
+        self, session_id: str, owner: str, channel: str, request: RunRequest
+    ) -> str | None:
+        """Claim the session across nodes, check the execution id the request chose,
+        then read the channel's position."""
         if self.claims is not None and not await self.claims.claim(session_id, owner, self.lease):
             raise SessionBusy(session_id)
         try:
+            runs = run_recorder(self.state_store)
+            await check_new_execution(runs, session_id, channel, request.execution_id)
             return None if self.position_of is None else await self.position_of(channel)
         except BaseException:
             await self._release(session_id, owner)
