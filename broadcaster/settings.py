@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from broadcaster.backends.base import DEFAULT_HISTORY_SIZE, DEFAULT_REDIS_PREFIX
+from broadcaster.origins import parse_origin_pattern
 from broadcaster.proxies import parse_networks
 
 __all__ = ["AppConfig", "Settings", "SettingsError", "load_settings"]
@@ -60,6 +61,14 @@ class AppConfig(BaseModel):
     max_batch_size: Annotated[int, Field(ge=1)] = 10
     max_event_data_size: Annotated[int, Field(ge=1)] = 10_240
     max_event_name_length: Annotated[int, Field(ge=1)] = 200
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origin_patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in value:
+            if pattern != "*":
+                parse_origin_pattern(pattern)  # ValueError: what is wrong with it
+        return value
 
     @property
     def max_frame_size(self) -> int:
