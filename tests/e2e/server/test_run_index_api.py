@@ -566,3 +566,38 @@ async def test_another_apps_runs_are_listed_only_with_its_key(
         cursor = await http.get("/api/sessions", params={"limit": 1, "app_key": "key-two"})
         other = await http.get("/api/sessions", params={"cursor": cursor.json()["next_cursor"]})
         assert other.status_code == 400, "a cursor is the app's own"
+
+
+async def test_the_otlp_download_of_a_run_with_times_otlp_cannot_hold_is_not_a_500(
+    start_server: StartServer,
+) -> None:
+    """A publisher with the app's secret may publish any text: envelopes dated before
+    1970 or after 2554 (past OTLP's unsigned 64-bit nanoseconds), or on no date at all,
+    made the OTLP export answer 500. They are left out of it now."""
+    live = await start_server(demo=True)
+    node, channel = live.node, "agent.when"
+    runs = BackendStateStore(node.backend, node.apps[0].id).runs
+    await runs.started(channel, "w1", input_text="when?", started_at=next(CLOCK))
+    stamps = ["1969-12-31T23:59:59.999Z", "2600-01-01T00:00:00.000Z", "2026-13-45T10:05:00.000Z"]
+    await publish(node, channel, "w1", "agent.status", status="in_progress")
+    for number, stamp in enumerate(stamps, start=1):
+        data = {
+            "type": "agent.step.started",
+            "session_id": "when",
+            "execution_id": "w1",
+            "timestamp": stamp,
+            "payload": {"step_number": number},
+        }
+        app = node.apps[0].id
+        await node.backend.publish(
+            Publication(app, channel, "agent.step.started", json.dumps(data))
+        )
+    await publish(node, channel, "w1", "agent.status", status="completed")
+    await runs.ended(channel, "w1")
+    async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
+        otlp = await http.get("/api/sessions/when/trace?execution_id=w1&format=otlp")
+        assert otlp.status_code == 200, otlp.text
+        spans = otlp.json()["resourceSpans"][0]["scopeSpans"][0]["spans"]
+        assert [span["name"] for span in spans] == ["invoke_agent agent"]
+        trace = await http.get("/api/sessions/when/trace?execution_id=w1")
+        assert len(trace.json()["envelopes"]) == 5, "the JSON trace keeps what was published"
