@@ -52,6 +52,12 @@ def expected_types(framework: str) -> list[str]:
     return [*types, "agent.status"]
 
 
+def step_shape(types: list[str]) -> list[str]:
+    """The types with each run of stream chunks as one: streamed text is coalesced every
+    16 deltas or 50 ms, so a loaded machine may split a step's text into more chunks."""
+    return [t for i, t in enumerate(types) if t != "agent.stream.chunk" or types[i - 1] != t]
+
+
 async def recorded(framework: str, **kw: Any) -> list[Envelope]:
     publisher = RecordingPublisher()
     await RUNS[framework](publisher, "fw-1", execution_id="x-1", **kw)
@@ -65,7 +71,7 @@ def payloads(envelopes: list[Envelope], kind: str) -> list[Any]:
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 async def test_a_run_becomes_the_ordered_envelopes_of_an_agent_core_run(framework: str) -> None:
     envelopes = await recorded(framework)
-    assert [e.type for e in envelopes] == expected_types(framework)
+    assert step_shape([e.type for e in envelopes]) == expected_types(framework)
     schema = json_schema()
     for envelope in envelopes:
         jsonschema.validate(orjson.loads(envelope.to_json()), schema)
@@ -204,7 +210,7 @@ async def test_a_run_reaches_a_real_servers_channel_and_its_state_endpoint(
     assert await publisher.flush(10)
     seen = await envelopes_on(watcher)
     assert seen == [orjson.loads(e.to_json()) for e in recording.envelopes()]
-    assert [e["type"] for e in seen] == expected_types(framework)
+    assert step_shape([e["type"] for e in seen]) == expected_types(framework)
     final = seen[-1]["payload"]
     assert final["state_url"] == f"/api/sessions/{session}/state"
     async with httpx.AsyncClient(base_url=live.url) as http:
