@@ -5,18 +5,11 @@ from __future__ import annotations
 import pytest
 
 from broadcaster.limits import ClientBuckets
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.factories import Seconds
 
 
 def test_a_client_spends_its_burst_then_its_rate_and_is_told_how_long_to_wait() -> None:
-    clock = Clock()
+    clock = Seconds()
     buckets = ClientBuckets(per_second=2, burst=3, clock=clock)
     assert [buckets.take("a") for _ in range(3)] == [0.0, 0.0, 0.0]
     assert buckets.take("a") == pytest.approx(0.5)
@@ -28,7 +21,7 @@ def test_a_client_spends_its_burst_then_its_rate_and_is_told_how_long_to_wait() 
 
 
 def test_at_most_max_clients_are_remembered() -> None:
-    clock = Clock()
+    clock = Seconds()
     buckets = ClientBuckets(per_second=1, burst=2, max_clients=10, clock=clock)
     for n in range(100):
         buckets.take(f"c{n}")
