@@ -1,4 +1,6 @@
-"""Per-client limits: the token bucket of each client (run starts, the run list)."""
+"""Per-client limits: the token bucket of each client (run starts, the run list). Its
+bounds (clients remembered, a positive rate) are tested through the run starts' limit
+in tests/reliability/test_run_limits.py."""
 
 from __future__ import annotations
 
@@ -18,17 +20,3 @@ def test_a_client_spends_its_burst_then_its_rate_and_is_told_how_long_to_wait() 
     assert buckets.take("a") == 0.0
     buckets.refund("a")
     assert buckets.take("a") == 0.0
-
-
-def test_at_most_max_clients_are_remembered() -> None:
-    clock = Seconds()
-    buckets = ClientBuckets(per_second=1, burst=2, max_clients=10, clock=clock)
-    for n in range(100):
-        buckets.take(f"c{n}")
-    assert len(buckets) <= 10
-
-
-@pytest.mark.parametrize(("rate", "burst"), [(0, 1), (1, 0), (-1, 1)])
-def test_a_rate_and_a_burst_must_be_positive(rate: float, burst: int) -> None:
-    with pytest.raises(ValueError, match="need a rate > 0"):
-        ClientBuckets(per_second=rate, burst=burst)
