@@ -118,7 +118,7 @@ def parse_origin_pattern(pattern: str) -> OriginPattern:
     if "*" in rest:
         raise ValueError(f"{what}: a wildcard may only be the first label (*.example.com)")
     host, port = _host_and_port(scheme, rest, what)
-    if not host.startswith("[") and ":" not in host:
+    if ":" not in host:  # a name (an IPv6 address has colons)
         labels = host.rstrip(".").split(".")
         if not all(_LABEL.fullmatch(label) for label in labels):
             raise ValueError(f"{what}: {host!r} is not a host name")

@@ -282,7 +282,9 @@ def _count(value: object) -> int:
     so a hostile count cannot keep a run from being indexed."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return 0
-    return wire_int(value if isinstance(value, int) else int(min(max(value, 0.0), 2.0**53)))
+    if isinstance(value, float):  # NaN is not > 0; infinity is clamped before int()
+        value = int(min(value, 2.0**53)) if value > 0 else 0
+    return wire_int(value)
 
 
 def summarize(base: RunSummary, envelopes: Iterable[dict[str, Any]]) -> RunSummary:

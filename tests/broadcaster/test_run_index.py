@@ -48,7 +48,8 @@ def test_the_trace_bound_counts_bytes_not_characters(unit: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "hostile", [10**20, -5, "lots", 1e300, float("inf"), None, True, [1], {"n": 1}]
+    "hostile",
+    [10**20, -5, "lots", 1e300, float("inf"), float("nan"), -1e300, None, True, [1], {"n": 1}],
 )
 def test_hostile_counts_in_envelopes_are_summarized_bounded(hostile: Any) -> None:
     """Anyone with the app's secret publishes what they like: a count orjson cannot
