@@ -70,7 +70,7 @@ from agent_core.drivers.base import (
 )
 from agent_core.errors import ModelError, ModelTimeoutError, RateLimitError
 from agent_core.messages import FinishReason, Message, Role, ToolCall, Usage
-from broadcaster.envelope import MAX_WIRE_INT, wire_int, wire_safe
+from broadcaster.envelope import MAX_WIRE_INT, wire_safe
 
 __all__ = [
     "ChatStreamAccumulator",
@@ -88,15 +88,20 @@ _SNIPPET = 200  # characters of a bad payload quoted in an error message
 _INT_DIGITS = len(str(MAX_WIRE_INT))
 
 
-def _clamped_int(text: str) -> int:
-    """A JSON integer of a stream chunk, clamped to ``±MAX_WIRE_INT`` (its counts: usage,
-    indexes): a huge one is a broken or hostile API's, and must not become an envelope
-    orjson cannot write (or 4,300 digits that ``int()`` refuses)."""
-    negative = text.startswith("-")
-    if len(text) - negative > _INT_DIGITS:
-        return -MAX_WIRE_INT if negative else MAX_WIRE_INT
-    value = int(text)
-    return -wire_int(-value) if negative else wire_int(value)
+class _IntegerTooLarge(ValueError):
+    pass
+
+
+_CHUNK_DIGITS = 100
+
+
+def _chunk_int(text: str) -> int:
+    """A JSON integer of a stream chunk, exact (a tool call's index may be any number;
+    a usage count is clamped by :class:`~agent_core.messages.Usage`), but refused past
+    100 digits: ``int()`` raised ValueError past 4,300 and the run crashed."""
+    if len(text) > _CHUNK_DIGITS:
+        raise _IntegerTooLarge(f"an integer of {len(text)} digits")
+    return int(text)
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -108,10 +113,6 @@ def _without_lone_surrogates(text: str, value: Any) -> Any:
     ``\\ud800`` without its pair: a broken or hostile API's) replaced by U+FFFD: no text
     that UTF-8, and so orjson, the wire and the stored state, cannot carry gets in."""
     return wire_safe(value)[0] if _SURROGATE_ESCAPE.search(text) else value
-
-
-class _IntegerTooLarge(ValueError):
-    pass
 
 
 def _bounded_int(text: str) -> int:
@@ -347,7 +348,9 @@ def _parse_chunk(data: str) -> _Chunk:
             carries an ``error`` object.
     """
     try:
-        raw = _without_lone_surrogates(data, json.loads(data, parse_int=_clamped_int))
+        raw = _without_lone_surrogates(data, json.loads(data, parse_int=_chunk_int))
+    except _IntegerTooLarge as exc:
+        raise ModelError(f"malformed stream chunk: {exc}: {data[:_SNIPPET]!r}") from exc
     except json.JSONDecodeError as exc:
         raise ModelError(
             f"malformed stream chunk: not JSON ({exc.msg} at position {exc.pos}): "

@@ -275,14 +275,25 @@ async def test_missing_usage_counts_as_zero(api: FakeChatAPI) -> None:
 
 
 @pytest.mark.io
-@pytest.mark.parametrize("tokens", [str(10**20), str(2**63), "9" * 5000])
+@pytest.mark.parametrize("tokens", [str(10**20), str(2**63), "9" * 100])
 async def test_a_usage_past_what_the_wire_holds_is_clamped(api: FakeChatAPI, tokens: str) -> None:
     """A broken or hostile API's token count must not become an envelope orjson cannot
-    write (the run's end was lost) or 5,000 digits ``int()`` refuses."""
+    write (the run's end was lost)."""
     body = json.dumps(chunk(usage={"prompt_tokens": 0, "completion_tokens": 2}))
     huge = body.replace('"prompt_tokens": 0', f'"prompt_tokens": {tokens}')
     events, _ = await run(api, Reply(sse(text("x"), chunk(finish="stop"), huge)))
     assert final(events).usage == Usage(prompt=2**53 - 1, completion=2, total=2**53 - 1)
+
+
+@pytest.mark.io
+async def test_an_integer_of_thousands_of_digits_in_a_chunk_is_a_model_error(
+    api: FakeChatAPI,
+) -> None:
+    """``int()`` refuses past 4,300 digits with ValueError: the run crashed."""
+    body = json.dumps(chunk(usage={"prompt_tokens": 0, "completion_tokens": 2}))
+    huge = body.replace('"prompt_tokens": 0', f'"prompt_tokens": {"9" * 5000}')
+    error = await fail(api, Reply(sse(text("x"), chunk(finish="stop"), huge)))
+    assert "malformed stream chunk: an integer of 5000 digits" in error.message
 
 
 @pytest.mark.io
