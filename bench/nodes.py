@@ -385,7 +385,8 @@ def _server_warnings(servers: Sequence[RunningServer]) -> list[str]:
         with contextlib.suppress(asyncio.QueueEmpty):
             while True:
                 line = server.child.lines.get_nowait()
-                if line.strip() and "listening on" not in line:
+                banner = "listening on" in line or line.startswith("agent-broadcaster backend:")
+                if line.strip() and not banner:
                     lines.append(f"{server.child.name}: {line}")
     return lines
 

@@ -1,10 +1,15 @@
 """``agent-broadcaster tail``: follow one session's run in the terminal.
 
 A live, coloured trace (rich): steps, tool calls, streamed text, each continuation
-decision with every criterion, the final status and the reconcile verdict. With
+decision with every criterion, the final status and the reconcile verdict. The runs of
+a session are kept apart: each starts under a header naming it (``run 2 · <execution
+id>``), and a run nested in another (a routed capability's inner agent) is indented
+under the call it serves. The run followed is the session's latest: the earlier ones
+are replayed from the channel's history, the latest is followed to its end. With
 ``--json`` one JSON object a line instead (each envelope with its position, then the
-result). The exit status lets a script or a CI job wait on a run: 0 completed, 1
-failed, 2 could not follow (server unreachable, unknown session, refused token, bad
+result). The exit status lets a script or a CI job wait on a run: 0 the run followed
+completed, 1 it failed (a nested run's failure is its parent's business, not the exit
+status), 2 could not follow (server unreachable, unknown session, refused token, bad
 ``since``).
 """
 
@@ -25,9 +30,11 @@ from broadcaster.client import (
     WatchError,
     apply_snapshot,
     create_run_view,
+    create_session_view,
     fetch_state,
+    latest_run,
     reconcile,
-    reduce_run,
+    reduce_session,
     watch_session,
 )
 
@@ -43,33 +50,79 @@ def _ms(value: Any) -> str:
     return f"{number:.1f} ms" if number < 10 else f"{number:.0f} ms"
 
 
+NESTED_INDENT = "  │ "
+"""What a nested run's lines start with, once per level of nesting."""
+
+
 class _Trace:
-    """Prints envelopes as they come, with rich markup."""
+    """Prints envelopes as they come, with rich markup, each run under its header."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
         self.in_text = False
+        self.runs: list[str] = []  # the top-level runs' execution ids, in order
+        self.parents: dict[str, str] = {}  # a nested run's execution id -> its parent's
+        self.indent = ""  # the prefix of the lines of the run being printed
+        self.ended: set[str] = set()  # the top-level runs whose end was printed
 
     def line(self, markup: str) -> None:
         if self.in_text:
             self.console.print()
             self.in_text = False
-        self.console.print(markup, highlight=False)
+        self.console.print(f"{self.indent}{markup}", highlight=False)
 
     def envelope(self, envelope: dict[str, Any]) -> None:
         kind, payload = envelope.get("type"), envelope.get("payload") or {}
+        self._run_of(envelope, payload)
         if kind == "agent.stream.chunk":
-            self.console.print(escape(str(payload.get("chunk", ""))), end="", highlight=False)
+            chunk = escape(str(payload.get("chunk", "")))
+            if self.indent:  # a nested run's text stays inside its indentation
+                if not self.in_text:
+                    chunk = self.indent + chunk
+                chunk = chunk.replace("\n", "\n" + self.indent)
+            self.console.print(chunk, end="", highlight=False)
             self.in_text = True
             return
         handler = getattr(self, "_" + str(kind).replace(".", "_"), None)
         if handler is not None:
             handler(payload)
 
+    def _run_of(self, envelope: dict[str, Any], payload: dict[str, Any]) -> None:
+        """Print a header when ``envelope`` is the first of a run; set the indentation
+        of the run it belongs to."""
+        execution = str(envelope.get("execution_id") or "")
+        parent = payload.get("parent_execution_id")
+        if parent is not None:
+            if execution and execution not in self.parents:
+                self.parents[execution] = str(parent)
+                self.indent = NESTED_INDENT * (self._depth(execution) - 1)
+                call = payload.get("parent_tool_call_id")
+                via = f" for call {escape(str(call))}" if call else ""
+                self.line(f"[bold magenta]┌ nested run {escape(execution)}[/][dim]{via}[/]")
+            self.indent = NESTED_INDENT * self._depth(execution)
+            return
+        self.indent = ""
+        if execution and execution not in self.runs:
+            self.runs.append(execution)
+            self.line(f"[bold reverse] run {len(self.runs)} · {escape(execution)} [/]")
+
+    def _depth(self, execution: str) -> int:
+        depth, seen = 0, set()
+        while execution in self.parents and execution not in seen:
+            seen.add(execution)
+            execution = self.parents[execution]
+            depth += 1
+        return depth
+
     def _agent_status(self, payload: dict[str, Any]) -> None:
         status = payload.get("status")
+        nested = payload.get("parent_execution_id") is not None
         if status == "in_progress":
-            self.line("[bold blue]● run started[/]")
+            self.line(f"[bold blue]● {'nested ' if nested else ''}run started[/]")
+        elif status in TERMINAL:
+            self.line(_ending(status, payload.get("stop_reason"), payload.get("error_message")))
+            if not nested and self.runs:
+                self.ended.add(self.runs[-1])
 
     def _agent_step_started(self, payload: dict[str, Any]) -> None:
         actor = f" [magenta]{escape(str(payload['actor']))}[/]" if payload.get("actor") else ""
@@ -120,12 +173,11 @@ class _Trace:
             )
 
     def result(self, view: RunView, differences: list[dict[str, Any]] | None, note: str) -> None:
-        status = view["status"]
-        colour = "green" if status == "completed" else "red"
-        detail = view.get("stop_reason") or ""
-        if view.get("error"):
-            detail = f"{detail}: {view['error']}" if detail else view["error"]
-        self.line(f"[bold {colour}]■ {status}[/]{f' ({escape(str(detail))})' if detail else ''}")
+        self.indent = ""
+        if len(self.runs) > 1:
+            self.line(f"[bold]followed: run {len(self.runs)} of the session's {len(self.runs)}[/]")
+        if view["execution_id"] not in self.ended:  # its end came from the stored state
+            self.line(_ending(view["status"], view.get("stop_reason"), view.get("error")))
         if differences is None:
             self.line(f"[yellow]reconcile: not checked ({escape(note)})[/]")
         elif not differences:
@@ -138,6 +190,15 @@ class _Trace:
                     f"  [red]{escape(item['field'])}{step}: events {escape(item['events'])!s} ≠ "
                     f"state {escape(item['snapshot'])}[/]"
                 )
+
+
+def _ending(status: Any, stop_reason: Any, error: Any) -> str:
+    """The line of a run's end: ``■ completed (stop reason)``, red unless completed."""
+    colour = "green" if status == "completed" else "red"
+    detail = str(stop_reason or "")
+    if error:
+        detail = f"{detail}: {error}" if detail else str(error)
+    return f"[bold {colour}]■ {escape(str(status))}[/]{f' ({escape(detail)})' if detail else ''}"
 
 
 async def _follow(
@@ -163,14 +224,16 @@ async def _follow(
             trace.resume(resume)
 
     watch = watch_session(url, session_id, since=since, token=token, key=key, on_resume=on_resume)
-    view = create_run_view(session_id)
+    session = create_session_view(session_id)
     async with watch:
         async for envelope in watch:
-            view = reduce_run(view, envelope, watch.position)
+            session = reduce_session(session, envelope, watch.position)
             if as_json:
                 emit({"position": watch.position, "envelope": envelope})
             else:
                 trace.envelope(envelope)
+    # The run followed: the session's latest (the earlier ones were history).
+    view = latest_run(session) or create_run_view(session_id)
     snapshot, note = watch.snapshot, ""
     if snapshot is not None:
         view = apply_snapshot(view, snapshot)
@@ -186,6 +249,8 @@ async def _follow(
         emit(
             {
                 "type": "tail.result",
+                "execution_id": view["execution_id"],
+                "runs": len(session["runs"]),
                 "status": view["status"],
                 "differences": differences,
                 "resumes": [r.__dict__ for r in watch.resumes],

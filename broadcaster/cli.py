@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,8 @@ def main() -> None:
 @click.option(
     "--backend",
     help="memory://, redis://host:port/db, redis-cluster://host:port,host:port/ or "
-    "redis-sentinel://host:port,host:port/<service>/<db> [env BROADCASTER_BACKEND].",
+    "redis-sentinel://host:port,host:port/<service>/<db> [env BROADCASTER_BACKEND, "
+    "else REDIS_URL, else memory://].",
 )
 @click.option("--app-id", help="Pusher app id [env BROADCASTER_APP_ID].")
 @click.option("--app-key", help="Pusher app key [env BROADCASTER_APP_KEY].")
@@ -43,6 +45,12 @@ def main() -> None:
     "--enable-client-messages/--no-enable-client-messages",
     default=None,
     help="Allow client-* events for the single app [off].",
+)
+@click.option(
+    "--allowed-origins",
+    help="Comma-separated origins (https://app.example.com) or host patterns "
+    "(*.example.com) whose pages may connect, read the session routes (CORS) and start "
+    "runs; * for any [env BROADCASTER_ALLOWED_ORIGINS; *].",
 )
 @click.option("--pong-timeout", type=int, help="Seconds to answer our ping before 4201 [30].")
 @click.option(
@@ -113,13 +121,29 @@ def serve(**options: Any) -> None:
     """Start the server."""
     if not options["extensions"]:
         options["extensions"] = None
+    backend_from = _redis_url(options)
     try:
         settings = load_settings(**options)
     except SettingsError as exc:
-        raise click.ClickException(str(exc)) from None
+        note = f"\n(the backend is REDIS_URL's: {REDIS_URL_PRECEDENCE})" if backend_from else ""
+        raise click.ClickException(f"{exc}{note}") from None
     from broadcaster.server import serve as run
 
-    run(settings)
+    run(settings, backend_from)
+
+
+REDIS_URL_PRECEDENCE = "--backend, then BROADCASTER_BACKEND, then REDIS_URL, then memory://"
+
+
+def _redis_url(options: dict[str, Any]) -> str | None:
+    """Take ``REDIS_URL`` as the backend when neither ``--backend`` nor
+    ``BROADCASTER_BACKEND`` names one, as ``agent-worker`` and the Procfile do; returns
+    ``"REDIS_URL"`` when it did."""
+    url = os.environ.get("REDIS_URL", "").strip()
+    if options["backend"] is not None or os.environ.get("BROADCASTER_BACKEND") or not url:
+        return None
+    options["backend"] = url
+    return "REDIS_URL"
 
 
 @main.command()

@@ -46,16 +46,20 @@ __all__ = [
     "RunView",
     "SessionNotFound",
     "SessionRefused",
+    "SessionView",
     "SessionWatch",
     "WatchError",
     "apply_snapshot",
     "create_run_view",
+    "create_session_view",
     "fetch_state",
     "final_text",
+    "latest_run",
     "parse_position",
     "reconcile",
     "reduce_run",
     "reduce_run_all",
+    "reduce_session",
     "watch_session",
 ]
 
@@ -423,6 +427,71 @@ def reduce_run_all(view: RunView, records: Iterable[Mapping[str, Any]]) -> RunVi
     for record in records:
         _fold(run, record.get("envelope"), record.get("position"))
     return run
+
+
+SessionView = dict[str, Any]
+"""A session's runs apart (see ``clients/js/src/session.ts``): ``{"session_id", "runs"
+(top-level RunViews, oldest first), "position"}``."""
+
+
+def create_session_view(session_id: str | None = None) -> SessionView:
+    """A new session with no run yet."""
+    return {"session_id": session_id, "runs": [], "position": None}
+
+
+def _holds(run: RunView, execution_id: str) -> bool:
+    """Whether ``run`` or a run nested in it (any depth) has ``execution_id``."""
+    return _owner(run, execution_id) is not None
+
+
+def _run_index(runs: list[RunView], envelope: dict[str, Any]) -> int:
+    """The index in ``runs`` of the run ``envelope`` belongs to; -1: a new run (a nested
+    run's envelope goes to the run holding its parent; one without an id stays with
+    the latest run)."""
+    parent = envelope["payload"].get("parent_execution_id")
+    if parent is not None:
+        found = [i for i, run in enumerate(runs) if _holds(run, str(parent))]
+        return found[0] if found else len(runs) - 1
+    execution_id = envelope.get("execution_id")
+    if not execution_id:
+        return len(runs) - 1
+    for i, run in enumerate(runs):
+        if run["execution_id"] == execution_id:
+            return i
+    # A run known so far only from envelopes without its id (nested ones, say) is this one.
+    return len(runs) - 1 if runs and runs[-1]["execution_id"] is None else -1
+
+
+def reduce_session(view: SessionView, envelope: Any, position: str | None = None) -> SessionView:
+    """Fold one envelope into the session ``view``, each run apart (a new execution id
+    starts a run; a nested run's envelopes stay with the run they are nested in),
+    returning a new SessionView (``view`` is unchanged; the runs the envelope does not
+    touch are the same objects). Replays and unknown types are left out, as
+    :func:`reduce_run` does."""
+    if (
+        not isinstance(envelope, dict)
+        or envelope.get("type") not in _KNOWN
+        or not isinstance(envelope.get("payload"), dict)
+        or _is_replay(view["position"], position)
+    ):
+        return view
+    runs = list(view["runs"])
+    index = _run_index(runs, envelope)
+    if index < 0:
+        runs.append(create_run_view(view["session_id"]))
+        index = len(runs) - 1
+    runs[index] = reduce_run(runs[index], envelope, position)
+    return {
+        "session_id": view["session_id"],
+        "runs": runs,
+        "position": view["position"] if position is None else position,
+    }
+
+
+def latest_run(view: SessionView) -> RunView | None:
+    """The session's latest run (started last), or None before any."""
+    runs: list[RunView] = view["runs"]
+    return runs[-1] if runs else None
 
 
 def final_text(view: RunView, completed_only: bool = False) -> str:
@@ -847,12 +916,10 @@ class SessionWatch:
         envelope = _data(message)
         self._queue.put_nowait((envelope, position))
         payload = envelope.get("payload") or {}
-        if (
-            envelope.get("type") == "agent.status"
-            and payload.get("status") in TERMINAL
-            and payload.get("parent_execution_id") is None  # a nested run's end is not the run's
-        ):
-            self._ended = self.until_end
+        if envelope.get("type") == "agent.status" and payload.get("parent_execution_id") is None:
+            # A nested run's end is not the run's; a later run of the session that began
+            # (in a replay, after an earlier run's end) is followed to its own end.
+            self._ended = self.until_end and str(payload.get("status")) in TERMINAL
         # A run that ends within a replay ends once the resume answer came, so the
         # answer (recovered or not) is always reported.
         return self._ended and self._answered and self._end()

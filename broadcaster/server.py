@@ -24,6 +24,7 @@ import uvicorn
 
 from broadcaster._compat import fast_path_problems, guard_problems, warn_fallback
 from broadcaster.app import create_app
+from broadcaster.backends import describe_backend
 from broadcaster.extensions import ExtensionError
 from broadcaster.node import Node
 from broadcaster.settings import Settings
@@ -31,8 +32,14 @@ from broadcaster.settings import Settings
 __all__ = ["http_protocol", "proxy_options", "serve", "ws_max_size", "ws_protocol"]
 
 
-def serve(settings: Settings) -> None:
-    """Serve until interrupted (SIGINT/SIGTERM trigger uvicorn's graceful shutdown)."""
+def serve(settings: Settings, backend_from: str | None = None) -> None:
+    """Serve until interrupted (SIGINT/SIGTERM trigger uvicorn's graceful shutdown).
+
+    Args:
+        settings: validated settings.
+        backend_from: where the backend URL came from when it was not the settings'
+            own (``REDIS_URL``), for the banner.
+    """
     sock = _bind(settings.host, settings.port)
     port = sock.getsockname()[1]
     try:
@@ -53,6 +60,8 @@ def serve(settings: Settings) -> None:
     )
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "") else settings.host  # noqa: S104
     shown = f"[{host}]" if ":" in host else host
+    source = f" (from {backend_from})" if backend_from else ""
+    print(f"agent-broadcaster backend: {describe_backend(settings.backend)}{source}", flush=True)
     print(f"agent-broadcaster listening on http://{shown}:{port}/", flush=True)
     if settings.demo:
         print(f"Open the demo dashboard: http://{shown}:{port}/", flush=True)

@@ -38,6 +38,7 @@ from starlette.routing import Route
 
 from broadcaster._text import excerpt
 from broadcaster.backends.base import BackendUnavailable
+from broadcaster.cors import READ_METHODS, AppOf, Endpoint, cross_origin
 from broadcaster.exceptions import ApiError
 from broadcaster.limits import ClientBuckets, client_address
 from broadcaster.node import Node
@@ -61,11 +62,14 @@ from broadcaster.signing import (
 )
 
 __all__ = [
+    "RUN_LIVENESS",
     "SCAN_BUDGET",
     "SESSION_ID",
     "TRACE_FORMATS",
+    "FormatUnavailable",
     "SessionClaim",
     "SessionRefused",
+    "asked_app",
     "bearer_token",
     "claim_key",
     "claim_session",
@@ -85,6 +89,11 @@ _N = TypeVar("_N", int, float)
 
 SESSION_ID = re.compile(r"^[A-Za-z0-9_\-=@,.;]{1,128}$")
 """Session ids are what may follow ``agent.`` in a channel name."""
+
+
+class FormatUnavailable(Exception):
+    """Raised by a trace exporter (:data:`TRACE_FORMATS`) that cannot work here, e.g. its
+    optional packages are not installed; the trace route answers 501 with the message."""
 
 
 class SessionRefused(Exception):
@@ -233,6 +242,12 @@ def request_app(node: Node, request: Request) -> AppConfig:
     return app
 
 
+def asked_app(node: Node, request: Request) -> AppConfig | None:
+    """The app named by ``?app_id=`` (default: the first one), None when there is none:
+    whose ``allowed_origins`` decide who may read the answer (:mod:`broadcaster.cors`)."""
+    return node.app_by_id(request.query_params.get("app_id") or node.apps[0].id)
+
+
 async def private_session_exists(node: Node, app: AppConfig, session_id: str) -> bool:
     """Whether ``private-agent.<id>`` has events or a stored state.
 
@@ -337,6 +352,12 @@ def routes(node: Node) -> list[Route]:
             return _error(503, str(exc))
         if not found:
             return _error(404, f"no runs of session {session_id!r} (unknown, or expired)")
+        liveness = request.app.state.extensions.get(RUN_LIVENESS)
+        if liveness is not None and any(_RUNNING in raw for raw in found):
+            try:
+                found = _mark_abandoned(found, await liveness(app.id, session_id))
+            except BackendUnavailable as exc:
+                return _error(503, str(exc))
         body = b'{"session_id":' + orjson.dumps(session_id) + b',"runs":['
         return Response(body + b",".join(found) + b"]}", media_type="application/json")
 
@@ -372,7 +393,10 @@ def routes(node: Node) -> list[Route]:
         if exporter is not None:
             envelopes = [entry["envelope"] for entry in stored["envelopes"]]
             # Up to 2 MiB of envelopes through the OpenTelemetry SDK: not on the loop.
-            body = orjson.dumps(await run_in_threadpool(exporter, envelopes))
+            try:
+                body = orjson.dumps(await run_in_threadpool(exporter, envelopes))
+            except FormatUnavailable as exc:
+                return _error(501, str(exc))
             name += ".otlp"
         else:
             answer = {
@@ -386,18 +410,52 @@ def routes(node: Node) -> list[Route]:
         headers = {"Content-Disposition": f'attachment; filename="{name}.json"'}
         return Response(body, media_type="application/json", headers=headers)
 
+    def read(path: str, endpoint: Endpoint, app_of: AppOf | None = None) -> Route:
+        app_of = app_of or (lambda request: asked_app(node, request))
+        return Route(path, cross_origin(endpoint, app_of), methods=READ_METHODS)
+
+    def listed_app(request: Request) -> AppConfig | None:
+        """The list's app (``app_key``, else as every route: :func:`asked_app`): its
+        ``allowed_origins`` decide who may read the answer."""
+        key = request.query_params.get("app_key") or request.query_params.get("auth_key")
+        return node.app_by_key(key) if key else asked_app(node, request)
+
     return [
-        Route("/api/sessions", sessions, methods=["GET"]),
-        Route("/api/sessions/{session_id}/state", state, methods=["GET"]),
-        Route("/api/sessions/{session_id}/runs", runs, methods=["GET"]),
-        Route("/api/sessions/{session_id}/trace", trace, methods=["GET"]),
+        read("/api/sessions", sessions, listed_app),
+        read("/api/sessions/{session_id}/state", state),
+        read("/api/sessions/{session_id}/runs", runs),
+        read("/api/sessions/{session_id}/trace", trace),
+    ]
+
+
+RUN_LIVENESS = "run_liveness"
+"""The key, in the extensions' shared state, of ``async (app_id, session_id) -> bool``:
+whether a run of the session is being run now (by whoever runs the session's runs one
+at a time: the agent_core extension registers one that reads the session's run claim).
+With it, ``GET /api/sessions/{id}/runs`` marks the runs the index lists as running but
+nothing runs any more (their server went away before they ended) ``"abandoned": true``."""
+
+_RUNNING = b'"status":"running"'
+
+
+def _mark_abandoned(found: list[bytes], active: bool) -> list[bytes]:
+    """``found`` (stored summaries, oldest first) with ``"abandoned":true`` added to each
+    run still listed as running that nothing runs: any but the session's latest (a
+    session runs one run at a time: a later one started), and the latest when
+    ``active`` is False. Summaries are compact JSON objects, so the field goes before
+    the closing brace."""
+    latest = len(found) - 1
+    return [
+        raw[:-1] + b',"abandoned":true}' if _RUNNING in raw and (i < latest or not active) else raw
+        for i, raw in enumerate(found)
     ]
 
 
 TRACE_FORMATS = "trace_formats"
 """The key, in the extensions' shared state, of a ``{format: exporter}`` dict: an
-exporter turns a run's envelopes (dicts, in order) into a JSON-able document. The
-agent_core extension registers ``otlp`` (:mod:`agent_core.integrations.otel`)."""
+exporter turns a run's envelopes (dicts, in order) into a JSON-able document, or raises
+:class:`FormatUnavailable` (answered 501). The agent_core extension registers ``otlp``
+(:mod:`agent_core.integrations.otel`, which needs the ``[otel]`` extra)."""
 
 MAX_PAGE = 200
 DEFAULT_PAGE = 50

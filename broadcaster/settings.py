@@ -102,6 +102,11 @@ class Settings(BaseSettings):
     log_level: str = "info"
     # The single app's client events (apps files set this per app).
     enable_client_messages: bool = False
+    # The single app's allowed origins (an apps file sets them per app): the pages whose
+    # WebSocket connections are admitted, which may read the session routes (CORS) and
+    # start runs. Whole origins (https://app.example.com) or host names, either with *
+    # wildcards (*.example.com); "*" admits any. Comma-separated in the environment.
+    allowed_origins: Annotated[tuple[str, ...], NoDecode] = ("*",)
     # Seconds a client has to answer our inactivity ``pusher:ping`` before close 4201.
     pong_timeout: Annotated[int, Field(ge=1, le=600)] = 30
     # Slow-consumer limit: unsent bytes per connection before it is closed with 4100.
@@ -177,6 +182,17 @@ class Settings(BaseSettings):
             raise ValueError("expected addresses or CIDR networks, comma-separated")
         return tuple(str(network) for network in parse_networks(str(item) for item in items))
 
+    @field_validator("allowed_origins", mode="before")
+    @classmethod
+    def _origins(cls, value: object) -> tuple[str, ...]:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            raise ValueError("expected origins or patterns, comma-separated")
+        origins = tuple(str(item).strip() for item in items if str(item).strip())
+        if not origins:
+            raise ValueError("name at least one origin (https://app.example.com), or * for any")
+        return origins
+
     @field_validator("log_level")
     @classmethod
     def _known_level(cls, value: str) -> str:
@@ -196,6 +212,7 @@ class Settings(BaseSettings):
                 key=self.app_key,
                 secret=self.app_secret,
                 enable_client_messages=self.enable_client_messages,
+                allowed_origins=self.allowed_origins,
             ),
         )
 
@@ -234,6 +251,12 @@ def load_settings(**overrides: Any) -> Settings:
         raise SettingsError(_describe(exc)) from None
     except (OSError, ValueError) as exc:
         raise SettingsError(f"apps file: {exc}") from None
+    if settings.apps_file is not None and "allowed_origins" in settings.model_fields_set:
+        raise SettingsError(
+            "allowed origins (--allowed-origins, BROADCASTER_ALLOWED_ORIGINS) are those of "
+            f"the single app; with an apps file ({settings.apps_file}) set allowed_origins "
+            "per app in it"
+        )
     return settings
 
 

@@ -87,12 +87,13 @@ from broadcaster.channels import (
 )
 from broadcaster.codes import ErrorCode
 from broadcaster.connection import Delivery, QueuedConnection
+from broadcaster.cors import READ_METHODS, cross_origin
 from broadcaster.exceptions import ProtocolError
 from broadcaster.node import Node
 from broadcaster.publication import Position
 from broadcaster.publishers import state_key
 from broadcaster.sessions import SessionRefused as _Refused
-from broadcaster.sessions import request_app, session_channel
+from broadcaster.sessions import asked_app, request_app, session_channel
 from broadcaster.settings import AppConfig
 from broadcaster.signing import verify_stream_auth
 
@@ -455,9 +456,20 @@ def routes(node: Node) -> list[BaseRoute]:
         feed = ChannelFeed(node, app, channel, since)
         return EventStreamResponse(feed, heartbeat, until_final=until_final)
 
+    def app_of(request: Request) -> AppConfig | None:
+        return asked_app(node, request)
+
     return [
-        Route("/api/sessions/{session_id}/events", session_events, methods=["GET"]),
-        Route("/api/channels/{channel}/events", channel_events, methods=["GET"]),
+        Route(
+            "/api/sessions/{session_id}/events",
+            cross_origin(session_events, app_of),
+            methods=READ_METHODS,
+        ),
+        Route(
+            "/api/channels/{channel}/events",
+            cross_origin(channel_events, app_of),
+            methods=READ_METHODS,
+        ),
     ]
 
 

@@ -12,32 +12,27 @@ visitor's per-address budget and the operator's model bill. The gate closes that
   a request without ``Origin`` does not come from a page and passes);
 - a preflight (``OPTIONS``) is answered, with the CORS headers a page needs, for an
   admitted origin only, and every answer to an admitted origin carries them, so that a
-  dashboard served from another allowed origin can start and follow runs.
+  dashboard served from another allowed origin can start and follow runs
+  (:mod:`broadcaster.cors`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import Message, Receive, Scope, Send
 
 from broadcaster._text import excerpt
+from broadcaster.cors import Endpoint, WithHeaders, cors_headers, preflight
 from broadcaster.exceptions import ProtocolError
 from broadcaster.protocol import check_origin
 from broadcaster.settings import AppConfig
 
 __all__ = ["GATED_METHODS", "Endpoint", "content_type_refusal", "origin_refusal", "run_gate"]
 
-Endpoint = Callable[[Request], Awaitable[Response]]
 GATED_METHODS = ["POST", "OPTIONS"]
 """The methods of a gated route: the request, and its CORS preflight."""
-
-_ALLOW_HEADERS = "Authorization, Content-Type, Accept"
-_EXPOSE_HEADERS = "Retry-After, X-Session-Token"
-_PREFLIGHT_MAX_AGE = "600"
 
 
 class _Host(Protocol):
@@ -53,12 +48,12 @@ def run_gate(host: _Host, endpoint: Endpoint) -> Endpoint:
         origin = request.headers.get("origin")
         refused = origin_refusal(host.app, origin)
         if refused is None and request.method == "OPTIONS":
-            return _preflight(origin)
+            return preflight(host.app, request, ["POST"])
         refused = refused or content_type_refusal(request)
         if refused is not None:
             return refused
         response = await endpoint(request)
-        return response if origin is None else _WithHeaders(response, _cors(origin))
+        return response if origin is None else WithHeaders(response, cors_headers(origin))
 
     return gated
 
@@ -94,45 +89,6 @@ def _utf8(parameters: str) -> bool:
         if name.strip().lower() == "charset":
             return value.strip().strip('"').lower() in ("utf-8", "utf8")
     return True
-
-
-def _preflight(origin: str | None) -> Response:
-    headers = {"Allow": ", ".join(GATED_METHODS)}
-    if origin is not None:
-        headers |= _cors(origin) | {
-            "Access-Control-Allow-Methods": "POST",
-            "Access-Control-Allow-Headers": _ALLOW_HEADERS,
-            "Access-Control-Max-Age": _PREFLIGHT_MAX_AGE,
-        }
-    return Response(status_code=204, headers=headers)
-
-
-def _cors(origin: str) -> dict[str, str]:
-    """What lets a page on ``origin`` (admitted) read the answer."""
-    return {
-        "Access-Control-Allow-Origin": origin,
-        "Access-Control-Expose-Headers": _EXPOSE_HEADERS,
-        "Vary": "Origin",
-    }
-
-
-class _WithHeaders(Response):
-    """``inner``, answered with ``headers`` added to its head (also a streaming answer
-    that builds its head only when it is sent)."""
-
-    def __init__(self, inner: Response, headers: dict[str, str]) -> None:
-        self.inner = inner
-        self.extra = [
-            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()
-        ]
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def sending(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", ()), *self.extra]}
-            await send(message)
-
-        await self.inner(scope, receive, sending)
 
 
 def _error(status: int, message: str) -> JSONResponse:

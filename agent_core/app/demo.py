@@ -8,6 +8,8 @@ Routes:
     ``GET /``                      the dashboard (``frontend-demo/``)
     ``GET /api/demo/config``       what the page needs: app key, private sessions, auth URL,
                                    default mode, driver, each mode's default step limit
+                                   (readable from the app's allowed origins, as the
+                                   session routes: :mod:`broadcaster.cors`)
     ``POST /run``                  ``{input, session_id?, trace?, pace_ms?, mode?}`` -> 202
                                    ``{session_id, execution_id, channel, state_url,
                                    position, auth?}``; subscribe with ``position`` to
@@ -28,7 +30,6 @@ Settings come from ``AGENT_DEMO_*`` environment variables (:class:`DemoSettings`
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -57,20 +58,25 @@ from agent_core.app.runs import (
     RunRequest,
     RunStarter,
     new_session_id,
+    run_claim,
 )
 from agent_core.app.worker import RunQueue
 from agent_core.builder import DEFAULT_MAX_STEPS
+from agent_core.integrations._extras import missing_extra
 from agent_core.orchestrators.routing.router import ROUTING_MAX_STEPS
 from broadcaster._text import excerpt
 from broadcaster.backends import BackendUnavailable
 from broadcaster.backends.base import DEFAULT_HISTORY_META_TTL as BACKEND_META_TTL
+from broadcaster.cors import READ_METHODS, cross_origin
 from broadcaster.extensions import ExtensionContext, ExtensionError
 from broadcaster.http_input import BodyRefused, describe_validation, read_body, validation_details
 from broadcaster.node import Node
 from broadcaster.publishers import BackendStateStore, InProcessPublisher, state_key
 from broadcaster.sessions import (
+    RUN_LIVENESS,
     SESSION_ID,
     TRACE_FORMATS,
+    FormatUnavailable,
     private_channel,
     public_channel,
     session_token,
@@ -178,6 +184,13 @@ class _Demo:
         self.runs = self._queue() if self.settings.run_mode == "queue" else self._local()
         return self.runs
 
+    async def running(self, app_id: str, session_id: str) -> bool:
+        """Whether a run of the session is being run now, on any node or worker: its
+        run claim is held (renewed while the run goes, so a dead node's lapses within
+        ``run_lease``). The run index's answer uses it (``RUN_LIVENESS``)."""
+        holder = await self.node.backend.claim_holder(app_id, run_claim(session_id))
+        return holder is not None
+
     def check(self) -> None:
         """Refuse settings that cannot work together.
 
@@ -267,31 +280,38 @@ def install(ctx: ExtensionContext) -> None:
 
     ctx.lifespans.append(lifespan)
     static = StaticFiles(directory=FRONTEND_DIR, html=True)
+
+    def app_of(request: Request) -> AppConfig:
+        return demo.app
+
     ctx.routes += [
         Route("/", static, name="dashboard"),
-        Route("/api/demo/config", _config(demo), methods=["GET"]),
+        Route("/api/demo/config", cross_origin(_config(demo), app_of), methods=READ_METHODS),
         Route("/run", run_gate(demo, _run(demo)), methods=GATED_METHODS),
-        Route(AUTH_PATH, _auth(demo), methods=["POST"]),
+        Route(AUTH_PATH, cross_origin(_auth(demo), app_of, ["POST"]), methods=["POST", "OPTIONS"]),
         Mount("/demo", static, name="demo-assets"),
     ]
     ctx.routes += agui.routes(demo)
     ctx.routes += vercel_ai.routes(demo)
     ctx.state["demo"] = demo
+    ctx.state[RUN_LIVENESS] = demo.running  # runs listed as running that nothing runs
     _register_otlp(ctx)
 
 
 def _register_otlp(ctx: ExtensionContext) -> None:
     """Serve ``GET /api/sessions/{id}/trace?format=otlp`` through the OpenTelemetry
-    mapping, when its extra (``agent-broadcaster[otel]``) is installed."""
-    if importlib.util.find_spec("opentelemetry.sdk") is None:
-        return
+    mapping. Its packages are an extra (``agent-broadcaster[otel]``): they are imported
+    on first use, and without them the route answers 501 naming the extra."""
     ctx.state.setdefault(TRACE_FORMATS, {})["otlp"] = _otlp
 
 
 def _otlp(envelopes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    from agent_core.integrations.otel import otlp_json  # imported on first use
+    try:
+        from agent_core.integrations.otel import otlp_json  # imported on first use
 
-    return otlp_json(envelopes)
+        return otlp_json(envelopes)
+    except ModuleNotFoundError as exc:  # [otel] missing, or only part of it installed
+        raise FormatUnavailable(str(missing_extra(exc, "otel", "format=otlp"))) from None
 
 
 def _error(status: int, message: str, **extra: Any) -> JSONResponse:

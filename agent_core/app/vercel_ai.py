@@ -80,6 +80,7 @@ from agent_core.app._streams import (
 from agent_core.app.runs import RunRequest
 from broadcaster import envelope as env
 from broadcaster.backends.base import BackendUnavailable
+from broadcaster.cors import READ_METHODS, cross_origin
 from broadcaster.http_input import BodyRefused, describe_validation, read_body, validation_details
 from broadcaster.publication import Position
 from broadcaster.publishers import state_key
@@ -351,7 +352,12 @@ def routes(host: Host) -> list[Route]:
 
     return [
         Route(path, run_gate(host, chat), methods=GATED_METHODS, name="vercel-ai"),
-        Route(path + "/{session_id}/stream", follow, methods=["GET"], name="vercel-ai-follow"),
+        Route(
+            path + "/{session_id}/stream",
+            cross_origin(follow, lambda request: host.app),
+            methods=READ_METHODS,
+            name="vercel-ai-follow",
+        ),
     ]
 
 

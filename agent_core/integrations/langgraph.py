@@ -27,9 +27,14 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
-from langgraph.errors import GraphRecursionError
-from langgraph.graph.state import CompiledStateGraph
+from agent_core.integrations._extras import missing_extra
+
+try:
+    from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+    from langgraph.errors import GraphRecursionError
+    from langgraph.graph.state import CompiledStateGraph
+except ModuleNotFoundError as exc:  # the extra is not installed
+    raise missing_extra(exc, "langgraph", __name__) from None
 
 from agent_core.adapters.broadcasting import AdapterOptions
 from agent_core.integrations._base import FrameworkRun

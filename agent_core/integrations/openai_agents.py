@@ -30,17 +30,23 @@ import inspect
 from typing import Any
 
 import orjson
-from agents import (
-    Agent,
-    AgentUpdatedStreamEvent,
-    RawResponsesStreamEvent,
-    RunConfig,
-    RunItemStreamEvent,
-    Runner,
-    RunResultStreaming,
-)
-from agents.exceptions import MaxTurnsExceeded
-from agents.run_config import ToolErrorFormatterArgs
+
+from agent_core.integrations._extras import missing_extra
+
+try:
+    from agents import (
+        Agent,
+        AgentUpdatedStreamEvent,
+        RawResponsesStreamEvent,
+        RunConfig,
+        RunItemStreamEvent,
+        Runner,
+        RunResultStreaming,
+    )
+    from agents.exceptions import MaxTurnsExceeded
+    from agents.run_config import ToolErrorFormatterArgs
+except ModuleNotFoundError as exc:  # the extra is not installed
+    raise missing_extra(exc, "openai-agents", __name__) from None
 
 from agent_core.adapters.broadcasting import AdapterOptions
 from agent_core.integrations._base import FrameworkRun

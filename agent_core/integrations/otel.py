@@ -34,11 +34,17 @@ from datetime import datetime
 from typing import Any, Self
 
 import orjson
-from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from agent_core.integrations._extras import missing_extra
+
+try:
+    from opentelemetry import trace
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+except ModuleNotFoundError as exc:  # the extra is not installed
+    raise missing_extra(exc, "otel", __name__) from None
 
 from broadcaster import envelope as env
 from broadcaster.publishers import Publisher, PublisherStats

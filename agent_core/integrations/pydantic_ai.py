@@ -17,19 +17,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic_ai import Agent
-from pydantic_ai.exceptions import UsageLimitExceeded
-from pydantic_ai.messages import (
-    FunctionToolCallEvent,
-    FunctionToolResultEvent,
-    ModelResponse,
-    PartDeltaEvent,
-    PartStartEvent,
-    TextPart,
-    TextPartDelta,
-)
-from pydantic_ai.run import AgentRunResult
-from pydantic_ai.usage import UsageLimits
+from agent_core.integrations._extras import missing_extra
+
+try:
+    from pydantic_ai import Agent
+    from pydantic_ai.exceptions import UsageLimitExceeded
+    from pydantic_ai.messages import (
+        FunctionToolCallEvent,
+        FunctionToolResultEvent,
+        ModelResponse,
+        PartDeltaEvent,
+        PartStartEvent,
+        TextPart,
+        TextPartDelta,
+    )
+    from pydantic_ai.run import AgentRunResult
+    from pydantic_ai.usage import UsageLimits
+except ModuleNotFoundError as exc:  # the extra is not installed
+    raise missing_extra(exc, "pydantic-ai", __name__) from None
 
 from agent_core.adapters.broadcasting import AdapterOptions
 from agent_core.integrations._base import FrameworkRun

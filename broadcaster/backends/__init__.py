@@ -9,7 +9,14 @@ from broadcaster.backends.base import (
     PresenceMember,
 )
 
-__all__ = ["Backend", "BackendUnavailable", "HistoryResult", "PresenceMember", "create_backend"]
+__all__ = [
+    "Backend",
+    "BackendUnavailable",
+    "HistoryResult",
+    "PresenceMember",
+    "create_backend",
+    "describe_backend",
+]
 
 
 def create_backend(url: str, **options: object) -> Backend:
@@ -45,3 +52,24 @@ def create_backend(url: str, **options: object) -> Backend:
         f"unsupported backend URL {url[:60]!r}: use memory://, redis://host:port/db, "
         "redis-cluster://host:port,host:port/ or redis-sentinel://host:port,host:port/service/db"
     )
+
+
+_KINDS = {
+    "redis": "redis",
+    "rediss": "redis (TLS)",
+    "redis-sentinel": "sentinel",
+    "rediss-sentinel": "sentinel (TLS)",
+    "redis-cluster": "cluster",
+    "rediss-cluster": "cluster (TLS)",
+}
+
+
+def describe_backend(url: str) -> str:
+    """Which backend ``url`` names, for the start-up banner: ``memory (...)``, or
+    ``redis`` / ``sentinel`` / ``cluster`` and the URL without its credentials."""
+    scheme = url.split("://", 1)[0]
+    if scheme == "memory":
+        return "memory (this process only: nothing shared with other nodes or workers)"
+    from broadcaster.backends.clients import display_url
+
+    return f"{_KINDS.get(scheme, scheme)} {display_url(url)}"

@@ -60,10 +60,18 @@ function pageStep(step) {
   };
 }
 
-/** The page's run for the kit's RunView `view` followed on `channel`. */
-export function pageRun(view, channel = null) {
+/**
+ * The page's run for the kit's RunView `view` followed on `channel`. `link` says what
+ * the page knows of the run's server while the run has not ended: {link: "live" | "lost"
+ * | "gone" | "unended", text (what to tell), haltedAt (ms: since when nothing can be
+ * known; the clock stops there)}.
+ */
+export function pageRun(view, channel = null, link = null) {
   const ended = TERMINAL.has(view.status);
   return {
+    link: link?.link ?? "live",
+    linkText: link?.text ?? "",
+    haltedAt: ended ? null : (link?.haltedAt ?? null),
     sessionId: view.session_id,
     channel,
     executionId: view.execution_id,
@@ -116,7 +124,8 @@ export function totals(run, now = Date.now()) {
     completed += 1;
     for (const key of Object.keys(usage)) usage[key] += step.completed.usage?.[key] ?? 0;
   }
-  const end = run.endedAt ?? (TERMINAL.has(run.status) ? null : now);
+  // A run whose end will not come here (its server went away) stops its clock.
+  const end = run.endedAt ?? (TERMINAL.has(run.status) ? null : (run.haltedAt ?? now));
   const elapsedMs = run.startedAt !== null && end !== null ? Math.max(0, end - run.startedAt) : null;
   return { steps: completed, usage, toolCalls, elapsedMs };
 }

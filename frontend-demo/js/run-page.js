@@ -7,8 +7,8 @@
 // `source=live`) the page follows the session's channel instead (its history, then live)
 // and splits the runs by execution id itself. Model and tool text is only textContent.
 
-import { TERMINAL } from "../vendor/agent-broadcaster-client/run.js";
-import { alignRuns, COMPARED, decisionText, describe, explainContinuation, foldRun, runTotals, splitRuns, stepOfEnvelope, summaryOf, waterfall } from "./trace.js";
+import { finalText, TERMINAL } from "../vendor/agent-broadcaster-client/run.js";
+import { alignRuns, COMPARED, decisionOutcome, decisionText, describe, explainContinuation, foldRun, runTotals, splitRuns, stepOfEnvelope, summaryOf, waterfall } from "./trace.js";
 import { formatDuration, formatNumber, formatTime, setText, element } from "./format.js";
 
 const $ = (id) => document.getElementById(id);
@@ -64,10 +64,28 @@ function tracePath(executionId, format, sessionId = page.sessionId) {
   return `${sessionPath("trace", sessionId)}?${query}`;
 }
 
-function problem(message) {
+/** Show `message` (null: hide it); `kind` names it for tools and tests (data-kind). */
+function problem(message, kind = "error") {
   const box = $("page-error");
   box.hidden = !message;
+  box.dataset.kind = message ? kind : "";
   setText(box, message || "");
+}
+
+/**
+ * The session's channel holds nothing: whether the session exists at all, from its
+ * stored state (the run index answered 404 already): never an empty page.
+ */
+async function explainEmpty() {
+  try {
+    await api(sessionPath("state"));
+    problem(`The history of session ${page.sessionId} has expired: only its final state is kept (GET ${sessionPath("state")}).`, "expired");
+  } catch (error) {
+    if (page.runs.length) return;
+    if (error.status === 403) problem(`Session ${page.sessionId} is private: open it with its session token (#token=…).`, "private");
+    else if (error.status === 404) problem(`No such session: the server keeps no runs, no state and no events of session ${page.sessionId}. The page keeps listening in case a run starts.`, "no-such-session");
+    else problem(`Nothing was ever published on this session's channel, and its state could not be read: ${error.message}`);
+  }
 }
 
 // --- loading -------------------------------------------------------------------------------
@@ -169,8 +187,8 @@ function renderRunList() {
     const button = element("button", "run-button");
     button.type = "button";
     if (run.executionId === page.selected) button.setAttribute("aria-current", "true");
-    const badge = element("span", "badge", s.status);
-    badge.dataset.status = s.status === "running" ? "in_progress" : s.status;
+    const badge = element("span", "badge", s.abandoned ? "server went away" : s.status);
+    badge.dataset.status = s.abandoned ? "gone" : s.status === "running" ? "in_progress" : s.status;
     const duration = s.ended_at != null ? (s.ended_at - s.started_at) * 1000 : null;
     button.append(
       element("strong", "", `Run ${index + 1}`),
@@ -211,8 +229,10 @@ function renderRun(run) {
   const sums = runTotals(view);
   setText($("execution-id"), run.executionId);
   const badge = $("run-status");
-  badge.dataset.status = view.status;
-  setText(badge, view.status === "in_progress" ? "in progress" : view.status);
+  // The index lists it running, but nothing runs it: its server went away before its end.
+  const gone = Boolean(run.summary?.abandoned) && !TERMINAL.has(view.status);
+  badge.dataset.status = gone ? "gone" : view.status;
+  setText(badge, gone ? "server went away" : view.status === "in_progress" ? "in progress" : view.status);
   $("trimmed").hidden = !run.trimmed;
   setText($("run-steps"), String(sums.steps));
   setText($("run-tools"), String(sums.toolCalls));
@@ -224,16 +244,35 @@ function renderRun(run) {
   $("run-error").hidden = !view.error;
   setText($("run-error"), view.error ? `Error: ${view.error}` : "");
   setExports(run);
-  const stale = page.source === "index" && !TERMINAL.has(view.status);
+  const stale = page.source === "index" && !TERMINAL.has(view.status) && !gone;
   $("run-running").hidden = !stale;
+  $("run-gone").hidden = !gone;
   if (stale) {
     const query = new URLSearchParams({ session: page.sessionId, execution: run.executionId, source: "live" });
     $("follow-live").href = `?${query}${location.hash}`;
   }
+  setFacts($("run-facts"), {
+    executionId: run.executionId,
+    status: view.status,
+    stopReason: view.stop_reason ?? "",
+    error: view.error ?? "",
+    steps: sums.steps,
+    toolCalls: sums.toolCalls,
+    tokens: sums.tokens.total,
+    finalText: finalText(view),
+    runs: page.runs.length,
+    source: page.source,
+    link: gone ? "gone" : "live",
+  });
   renderWaterfall(run);
   renderContinuations(run);
   fillFilters(run);
   renderInspector(run);
+}
+
+/** The facts of the run shown, as data-* attributes (for tools and tests; docs/operations.md, "The live dashboard"). */
+function setFacts(node, facts) {
+  for (const [name, value] of Object.entries(facts)) node.dataset[name] = String(value);
 }
 
 let exportUrl = null;
@@ -289,54 +328,107 @@ function renderWaterfall(run) {
 }
 
 function renderContinuations(run) {
-  const blocks = [];
-  for (const step of run.view.steps) {
-    const cont = step.continuation ?? step.completed?.continuation;
-    if (!cont) continue;
-    const why = explainContinuation(cont);
-    const block = element("article", "cont-block");
-    block.dataset.step = String(step.number);
-    block.dataset.decision = why.decision;
-    block.append(element("h3", "", `Step ${step.number}: ${decisionText(cont)}`));
-    const facts = element("dl", "why");
-    const fact = (name, value, cls) => {
-      const wrap = element("div", cls);
-      wrap.append(element("dt", "", name), element("dd", "", value));
-      facts.append(wrap);
-    };
-    fact("Forbade", why.forbade.join(", ") || "none", "why-forbade");
-    fact("Requested", why.requested.join(", ") || "none", "why-requested");
-    fact("Won", why.winner ?? "no single criterion (aggregate)", "why-winner");
-    fact("Rule", why.rule || "summary only: the evaluations arrive with agent.continuation (trace on)", "why-rule");
-    block.append(facts);
-    if (cont.evaluations?.length) {
-      const table = element("table", "evaluations");
-      const head = element("tr");
-      for (const name of ["Criterion", "Decision", "Reason", "Stop reason"]) head.append(element("th", "", name));
-      const thead = element("thead");
-      thead.append(head);
-      const body = element("tbody");
-      for (const evaluation of cont.evaluations) {
-        const row = element("tr");
-        row.dataset.decision = evaluation.decision;
-        if (evaluation.criterion === why.winner) row.classList.add("winner");
-        row.append(
-          element("td", "mono", evaluation.criterion),
-          element("td", "decision-cell", evaluation.decision),
-          element("td", "", evaluation.reason ?? ""),
-          element("td", "", evaluation.stop_reason ?? "—"),
-        );
-        body.append(row);
-      }
-      table.append(thead, body);
-      const wrap = element("div", "table-wrap");
-      wrap.append(table);
-      block.append(wrap);
-    }
-    blocks.push(block);
-  }
+  const blocks = decisionBlocks(run.view);
   if (!blocks.length) blocks.push(element("p", "muted", "No continuation decisions in this run's envelopes."));
   $("continuations").replaceChildren(...blocks);
+}
+
+/**
+ * One block per step of `view` with a continuation decision or a run nested under one
+ * of its calls: the decision explained, its evaluations, and under the call that ran
+ * it, each nested run's own decisions (collapsible; any depth).
+ */
+function decisionBlocks(view) {
+  const blocks = [];
+  for (const step of view.steps) {
+    const cont = step.continuation ?? step.completed?.continuation;
+    const nested = nestedDecisions(view, step);
+    if (!cont && !nested.length) continue;
+    const block = element("article", "cont-block");
+    block.dataset.step = String(step.number);
+    if (cont) {
+      const why = explainContinuation(cont);
+      block.dataset.decision = why.decision;
+      block.dataset.outcome = decisionOutcome(cont);
+      const title = element("h3", "", `Step ${step.number}: `);
+      title.append(element("span", "outcome", decisionText(cont)));
+      block.append(title, decisionFacts(cont, why));
+    } else {
+      block.append(element("h3", "", `Step ${step.number}`), element("p", "muted", "No continuation decision of this step in the envelopes."));
+    }
+    block.append(...nested);
+    blocks.push(block);
+  }
+  return blocks;
+}
+
+function decisionFacts(cont, why) {
+  const part = document.createDocumentFragment();
+  const facts = element("dl", "why");
+  const fact = (name, value, cls) => {
+    const wrap = element("div", cls);
+    wrap.append(element("dt", "", name), element("dd", "", value));
+    facts.append(wrap);
+  };
+  fact("Forbade", why.forbade.join(", ") || "none", "why-forbade");
+  fact("Requested", why.requested.join(", ") || "none", "why-requested");
+  fact("Won", why.winner ?? "no single criterion (aggregate)", "why-winner");
+  fact("Rule", why.rule || "summary only: the evaluations arrive with agent.continuation (trace on)", "why-rule");
+  part.append(facts);
+  if (cont.evaluations?.length) {
+    const table = element("table", "evaluations");
+    const head = element("tr");
+    for (const name of ["Criterion", "Decision", "Reason", "Stop reason"]) head.append(element("th", "", name));
+    const thead = element("thead");
+    thead.append(head);
+    const body = element("tbody");
+    for (const evaluation of cont.evaluations) {
+      const row = element("tr");
+      row.dataset.decision = evaluation.decision;
+      if (evaluation.stop_reason) row.dataset.stopReason = evaluation.stop_reason;
+      if (evaluation.criterion === why.winner) row.classList.add("winner");
+      row.append(
+        element("td", "mono", evaluation.criterion),
+        element("td", "decision-cell", evaluation.decision),
+        element("td", "", evaluation.reason ?? ""),
+        element("td", "", evaluation.stop_reason ?? "—"),
+      );
+      body.append(row);
+    }
+    table.append(thead, body);
+    const wrap = element("div", "table-wrap");
+    wrap.append(table);
+    part.append(wrap);
+  }
+  return part;
+}
+
+/** The runs nested under the calls of `step` (a routed capability's inner agent), as collapsible blocks of their decisions. */
+function nestedDecisions(view, step) {
+  const found = [];
+  for (const tool of step.tools) {
+    for (const [executionId, child] of Object.entries(view.nested?.[tool.id] ?? {})) {
+      const box = element("details", "nested-decisions");
+      box.open = true;
+      box.dataset.executionId = executionId;
+      box.dataset.parentExecutionId = view.execution_id ?? "";
+      box.dataset.parentToolCallId = tool.id;
+      box.dataset.status = child.status;
+      const decisions = decisionBlocks(child);
+      const count = child.steps.filter((inner) => inner.continuation ?? inner.completed?.continuation).length;
+      const summary = element("summary", "");
+      summary.append(
+        element("span", "mono", tool.name ?? "call"), ` (${tool.id}) ran `,
+        element("span", "mono", executionId),
+        `: ${child.status === "in_progress" ? "in progress" : child.status}, ${count} continuation decision${count === 1 ? "" : "s"}`,
+      );
+      const inner = element("div", "continuations");
+      inner.append(...(decisions.length ? decisions : [element("p", "muted", "No continuation decisions in this nested run's envelopes.")]));
+      box.append(summary, inner);
+      found.push(box);
+    }
+  }
+  return found;
 }
 
 // --- the envelope inspector (paginated: only one page of rows is in the DOM) -------------------
@@ -547,9 +639,16 @@ async function followChannel() {
     page.live.feed = new ChannelFeed(connect(config), channel, {
       onEnvelope: (envelope, position) => {
         page.live.records.push({ envelope, position });
+        if (["no-such-session", "no-run-yet"].includes($("page-error").dataset.kind)) problem(null); // a run started
         scheduleLive();
       },
-      onResume: () => scheduleLive(),
+      onResume: (result) => {
+        if (result.initial && !page.live.records.length) {
+          if (result.empty) explainEmpty();
+          else problem(`Session ${page.sessionId} has no run yet: its channel has events, none of a run. The page shows the first one as it starts.`, "no-run-yet");
+        }
+        scheduleLive();
+      },
       onProblem: (message) => problem(message),
     }, null);
     document.body.dataset.ready = "true";
@@ -678,7 +777,7 @@ async function main() {
     return;
   }
   if (!page.runs.length) {
-    problem("This session has no recorded runs.");
+    problem("This session has no recorded runs.", "no-run-yet");
     return;
   }
   if (page.compareSession && page.compareSession !== page.sessionId) {

@@ -319,6 +319,30 @@ export function explainContinuation(cont) {
   return { forbade, requested, stopped, allowed, winner, rule, decision: cont?.should_continue ? "continue" : "stop" };
 }
 
+/**
+ * How a continuation decision came out, for drawing it: "continue"; "completed" (a stop
+ * because the work is done); "error" (a stop for an error: the run fails); "limit" (a
+ * stop at a limit or guard: steps, time, budget...). The live page and the run page
+ * colour a decision by this alone, so "stop (error)" is never drawn as a success.
+ */
+export function decisionOutcome(cont) {
+  if (!cont) return null;
+  if (cont.should_continue) return "continue";
+  const reason = cont.stop_reason ?? null;
+  if (reason === "error") return "error";
+  return reason === null || reason === "completed" ? "completed" : "limit";
+}
+
+/**
+ * A step's state, for drawing it: "running", "stopped" (the run ended before the step
+ * did), "failed" (an error in the step, or it finished for an error) or "done".
+ */
+export function stepState(step, runEnded) {
+  const completed = step.completed;
+  if (!completed) return runEnded ? "stopped" : "running";
+  return completed.errors > 0 || completed.finish_reason === "error" ? "failed" : "done";
+}
+
 /** "continue", or "stop (<stop reason>)": a stop reason is only named for a stop. */
 export function decisionText(cont) {
   if (cont.should_continue) return "continue";

@@ -4,7 +4,7 @@
 import { finalText, orderedSteps, stepText, TERMINAL, totals } from "./run-model.js";
 import { explainContinuation } from "./explain.js";
 import { renderRouting } from "./routing-view.js";
-import { describe } from "./trace.js";
+import { decisionOutcome, describe, stepState } from "./trace.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -35,7 +35,27 @@ const STATUS_LABEL = {
   in_progress: "in progress",
   completed: "completed",
   failed: "failed",
+  lost: "connection lost",
+  gone: "server went away",
+  unended: "never ended",
+  waiting: "waiting",
+  "no-run-yet": "no run yet",
+  "no-such-session": "no such session",
+  private: "private",
+  expired: "expired",
 };
+
+/**
+ * The status a run is drawn with: its own, unless it has not ended and the page cannot
+ * know how it goes on: "lost" (the connection to its server dropped), "gone" (the server
+ * went away: it did not come back, or came back without the run), "unended" (a later
+ * run of the session started: this one's end was never published).
+ */
+export function shownStatus(run) {
+  if (!run) return "idle";
+  if (TERMINAL.has(run.status)) return run.status;
+  return run.link === "live" || !run.link ? run.status : run.link;
+}
 
 export class DashboardView {
   constructor() {
@@ -44,11 +64,18 @@ export class DashboardView {
   }
 
   reset() {
+    this.resetRun();
+    $("event-log").replaceChildren();
+    this.notice(null);
+    this.runs([], null, false);
+    this.render(null);
+  }
+
+  /** Forget the cards of the run shown (another run of the session is shown next). */
+  resetRun() {
     this.cards.clear();
     $("timeline").replaceChildren();
-    $("event-log").replaceChildren();
     this.reconcile({ state: "waiting" });
-    this.render(null);
   }
 
   /** Update every live view from `run` (null: nothing attached). */
@@ -62,13 +89,13 @@ export class DashboardView {
     }
     setText($("event-count"), plural(run.eventCount, "event"));
     const steps = orderedSteps(run);
-    show($("timeline-empty"), steps.length === 0);
+    show($("timeline-empty"), steps.length === 0 && !$("session-notice").dataset.kind);
     for (const step of steps) this.renderStep(run, step);
     this.renderAnswer(run);
   }
 
   renderSummary(run) {
-    const status = run ? run.status : "idle";
+    const status = shownStatus(run);
     const badge = $("status-badge");
     badge.dataset.status = status;
     setText(badge, STATUS_LABEL[status] || status);
@@ -80,18 +107,35 @@ export class DashboardView {
     const error = payload?.error_message;
     show($("run-error"), Boolean(error));
     setText($("run-error"), error ? `Error: ${error}` : "");
+    const link = $("run-link");
+    const linkShown = Boolean(run?.linkText) && !TERMINAL.has(run.status);
+    show(link, linkShown);
+    link.dataset.link = linkShown ? run.link : "live";
+    setText(link, linkShown ? run.linkText : "");
     const sums = run ? totals(run) : { steps: 0, usage: { prompt: 0, completion: 0, total: 0 }, toolCalls: 0, elapsedMs: null };
     setText($("total-steps"), String(sums.steps));
     setText($("total-tokens"), number(sums.usage.total));
     setText($("total-tools"), String(sums.toolCalls));
     setText($("total-time"), formatMs(sums.elapsedMs));
     setText($("token-split"), run ? `${number(sums.usage.prompt)} prompt · ${number(sums.usage.completion)} completion tokens` : "");
+    setFacts($("run-facts"), run ? {
+      executionId: run.executionId ?? "",
+      status: run.status,
+      shownStatus: status,
+      stopReason: payload?.stop_reason ?? "",
+      error: error ?? "",
+      steps: sums.steps,
+      toolCalls: sums.toolCalls,
+      tokens: sums.usage.total,
+      finalText: finalText(run),
+      link: run.link ?? "live",
+    } : {});
   }
 
   renderAnswer(run) {
     const box = $("answer");
     const text = finalText(run);
-    const streaming = run.status === "in_progress" && !TERMINAL.has(run.status);
+    const streaming = shownStatus(run) === "in_progress";
     box.setAttribute("aria-busy", String(streaming));
     if (!text) {
       if (!box.querySelector(".placeholder")) box.replaceChildren(placeholder());
@@ -141,12 +185,12 @@ export class DashboardView {
   renderStep(run, step) {
     const card = this.card(step);
     const done = Boolean(step.completed);
-    const ended = TERMINAL.has(run.status); // a step not done by then was cut off
-    const state = done ? "done" : ended ? "stopped" : "running";
+    const ended = TERMINAL.has(run.status) || shownStatus(run) !== run.status; // a step not done by then was cut off
+    const state = stepState(step, ended);
     card.root.dataset.state = state;
     const finish = step.completed?.finish_reason;
     setText(card.finish, done ? finish || "no finish reason" : ended ? "stopped" : "running…");
-    card.finish.dataset.reason = done ? finish || "none" : state;
+    card.finish.dataset.reason = done ? finish || (state === "failed" ? "error" : "none") : state;
     show(card.snapshot, step.fromSnapshot);
     const meta = [];
     if (done) {
@@ -199,6 +243,7 @@ export class DashboardView {
     const decision = cont.should_continue ? "continue" : `stop${cont.stop_reason ? ` (${cont.stop_reason})` : ""}`;
     setText(box.querySelector(".decision"), decision);
     box.dataset.decision = cont.should_continue ? "continue" : "stop";
+    box.dataset.outcome = decisionOutcome(cont);
     setText(box.querySelector(".should-continue"), String(cont.should_continue));
     setText(box.querySelector(".cont-stop"), cont.stop_reason ?? "—");
     setText(box.querySelector(".cont-resolved"), cont.resolved_by ?? "—");
@@ -209,6 +254,7 @@ export class DashboardView {
     const rows = (cont.evaluations || []).map((evaluation) => {
       const row = document.createElement("tr");
       row.dataset.decision = evaluation.decision;
+      if (evaluation.stop_reason) row.dataset.stopReason = evaluation.stop_reason;
       for (const [value, cls] of [
         [evaluation.criterion, "mono"],
         [evaluation.decision, "decision-cell"],
@@ -227,10 +273,54 @@ export class DashboardView {
     else body.replaceChildren(emptyRow("Summary only: the full evaluations table arrives with agent.continuation (trace on)."));
   }
 
-  /** Show the reconcile result: {state: waiting|checking|in_sync|differs|error, differences?, message?}. */
+  /**
+   * The session's runs, oldest first: [{executionId, number, status (as drawn), verdict
+   * (a reconcile state or null), steps}], `shownId` the run shown; `pinned`: an earlier
+   * run is shown on purpose (offer to follow the latest again). `open(executionId)` is
+   * called when one is chosen.
+   */
+  runs(list, shownId, pinned, open = null) {
+    const panel = $("runs-panel");
+    show(panel, list.length > 1);
+    $("run-facts").dataset.runs = String(list.length);
+    show($("follow-latest"), pinned && list.length > 1);
+    const items = [...list].reverse().map((run) => {
+      const item = document.createElement("li");
+      item.dataset.executionId = run.executionId ?? "";
+      item.dataset.status = run.status;
+      item.dataset.reconcile = run.verdict ?? "none";
+      const button = document.createElement("button");
+      button.type = "button";
+      if (run.executionId === shownId) button.setAttribute("aria-current", "true");
+      const badge = document.createElement("span");
+      badge.className = "badge";
+      badge.dataset.status = run.status;
+      badge.textContent = STATUS_LABEL[run.status] || run.status;
+      const verdict = document.createElement("span");
+      verdict.className = "run-verdict";
+      verdict.textContent = VERDICT_LABEL[run.verdict] ?? "";
+      button.append(strong(`Run ${run.number}`), badge, code(run.executionId ?? "—"), ` ${plural(run.steps, "step")}`, verdict);
+      if (open) button.addEventListener("click", () => open(run.executionId));
+      item.append(button);
+      return item;
+    });
+    $("session-runs").replaceChildren(...items);
+  }
+
+  /** A message about the session itself (unknown, private, no run yet); null hides it. */
+  notice(kind, text = "") {
+    const box = $("session-notice");
+    show(box, Boolean(kind));
+    box.dataset.kind = kind ?? "";
+    setText(box, kind ? text : "");
+    show($("timeline-empty"), !kind && this.cards.size === 0);
+  }
+
+  /** Show the reconcile result: {state: waiting|checking|in_sync|differs|error|superseded, differences?, message?}. */
   reconcile(result) {
     const box = $("reconcile");
     box.dataset.state = result.state;
+    $("run-facts").dataset.reconcile = result.state;
     for (const card of this.cards.values()) show(card.diff, false);
     const parts = [];
     if (result.state === "waiting") {
@@ -253,6 +343,9 @@ export class DashboardView {
         if (card) show(card.diff, true);
       }
       parts.push(list);
+    } else if (result.state === "superseded") {
+      parts.push(paragraph("Not checked against the stored state", "verdict"));
+      parts.push(paragraph("The session stores the state of its latest run only, and a later run of the session has replaced this run's.", "muted"));
     } else {
       parts.push(paragraph(`Could not reconcile: ${result.message}`, "verdict"));
     }
@@ -288,6 +381,23 @@ export class DashboardView {
     const element = $("form-error");
     show(element, Boolean(message));
     setText(element, message || "");
+  }
+}
+
+const VERDICT_LABEL = {
+  in_sync: "✓ in sync",
+  differs: "✗ differs",
+  error: "not reconciled",
+  superseded: "not checked",
+  checking: "checking…",
+};
+
+/** The facts of the run shown, as data-* attributes of `element` (for tools and tests). */
+function setFacts(element, facts) {
+  const names = ["executionId", "status", "shownStatus", "stopReason", "error", "steps", "toolCalls", "tokens", "finalText", "link", "reconcile", "runs"];
+  for (const name of names) {
+    if (name in facts) element.dataset[name] = String(facts[name]);
+    else if (name !== "reconcile" && name !== "runs") delete element.dataset[name];
   }
 }
 

@@ -3,7 +3,13 @@ tests/e2e/frontend/conftest.py)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import threading
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from playwright.sync_api import Page, expect
 
@@ -33,3 +39,24 @@ def start_run(
     session = page.locator("#session-id")
     expect(session).not_to_have_text("—", timeout=WAIT_MS)
     return session.inner_text().strip()
+
+
+class _Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def static_sites(root: Path, count: int = 2) -> Iterator[list[str]]:
+    """``count`` static HTTP servers on loopback, each on its own port (so each its own
+    origin), serving the files under ``root``; yields their origins."""
+    handler = functools.partial(_Quiet, directory=str(root))
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), handler) for _ in range(count)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield [f"http://127.0.0.1:{server.server_address[1]}" for server in servers]
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()

@@ -127,12 +127,31 @@ class RedisServer:
 _LISTENING = re.compile(r"listening on (http://\S+?)/?$")
 
 
-class ServerProcess:
-    """``python -m broadcaster serve`` in a child process on a free port."""
+SERVE = (sys.executable, "-m", "broadcaster", "serve", "--port", "0")
+"""This checkout's server on a free port."""
 
-    def __init__(self, args: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
-        self.args = ["--port", "0", *args]
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+
+class ServerProcess:
+    """``python -m broadcaster serve`` in a child process on a free port, or another
+    ``command`` that prints the same "listening on" line (such as ``./scripts/demo``,
+    given its port by ``BROADCASTER_PORT=0``), run in ``cwd``.
+
+    ``REDIS_URL`` is not passed on from this process unless ``env`` names it: ``serve``
+    takes it as its backend, and a developer's shell may hold one."""
+
+    def __init__(
+        self,
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        *,
+        command: Sequence[str] = SERVE,
+        cwd: Path = REPO,
+    ) -> None:
+        self.command = [*command]
+        self.args = [*args]
+        self.cwd = cwd
+        inherited = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+        self.env = {**inherited, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc: subprocess.Popen[str] | None = None
         self.output: list[str] = []
         self.url = ""
@@ -140,10 +159,9 @@ class ServerProcess:
         self._drainer: threading.Thread | None = None
 
     def start(self, timeout: float = 20) -> ServerProcess:
-        cmd = [sys.executable, "-m", "broadcaster", "serve", *self.args]
         self.proc = subprocess.Popen(
-            cmd,
-            cwd=REPO,
+            [*self.command, *self.args],
+            cwd=self.cwd,
             env=self.env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

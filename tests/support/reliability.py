@@ -58,6 +58,19 @@ async def publish(
     )
 
 
+def publish_sync(base_url: str, channel: str, name: str, data: str) -> httpx.Response:
+    """:func:`publish` for synchronous tests (Playwright's, click's runner)."""
+    path = f"/apps/{APP_ID}/events"
+    body = event_body(channel, name, data)
+    return httpx.post(
+        f"{base_url}{path}",
+        content=body,
+        params=signed_query("POST", path, body),
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
+
+
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 
 

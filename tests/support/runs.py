@@ -117,3 +117,13 @@ async def authorise(live: LiveServer, socket_id: str, channel: str, token: str) 
     fields = {"socket_id": socket_id, "channel_name": channel, "session_token": token}
     async with httpx.AsyncClient() as http:
         return await http.post(f"{live.url}/broadcasting/auth", data=fields)
+
+
+def complete_demo_run(base_url: str, text: str = "What is 6 * 7?") -> dict[str, Any]:
+    """One run on a demo server through ``POST /run`` with ``wait``, as the README's
+    tour does; it must complete. Returns the answer."""
+    response = httpx.post(f"{base_url}/run", json={"input": text, "wait": True}, timeout=60)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    assert answer["status"] == "completed", answer
+    return answer

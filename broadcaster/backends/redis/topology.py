@@ -160,7 +160,7 @@ class SentinelTopology(Standalone):
             auth = f"{quote(parsed.username or '')}:{quote(parsed.password or '')}@"
         self._connect_kwargs = _connect_kwargs(f"{scheme}://{auth}{host}:{port}/{parsed.db}")
         self._connect_timeout = connect_timeout
-        self.url = f"{url.partition('://')[0]}://{url.partition('://')[2].rpartition('@')[2]}"
+        self.url = cluster_safe_url(url)
         self.service = parsed.service
         timeouts = {"timeout": command_timeout, "connect_timeout": connect_timeout}
         self.client = sentinel_client(url, max_connections=MAX_CONNECTIONS, **timeouts)

@@ -106,9 +106,11 @@ class ClusterURL:
 
 
 def cluster_safe_url(url: str) -> str:
-    """``url`` without credentials, for logs and errors."""
+    """``url`` (a cluster's or Sentinels', several hosts) without credentials or a query
+    (which may hold a ``password=``), for logs and errors."""
     scheme, _, rest = url.partition("://")
-    return f"{scheme}://{rest.rpartition('@')[2]}"
+    netloc, slash, path = rest.partition("/")
+    return f"{scheme}://{netloc.rpartition('@')[2]}{slash}{path.split('?', 1)[0]}"
 
 
 def parse_cluster_url(url: str) -> ClusterURL:

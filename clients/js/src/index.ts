@@ -8,6 +8,7 @@ export {
   applySnapshot,
   createRunView,
   finalText,
+  isRunEnvelope,
   reconcile,
   reduceRun,
   reduceRunAll,
@@ -21,6 +22,14 @@ export {
   type ToolView,
   type Usage,
 } from "./run.js";
+export {
+  applySessionSnapshot,
+  createSessionView,
+  latestRun,
+  reduceSession,
+  runOf,
+  type SessionView,
+} from "./session.js";
 export {
   ChannelFeed,
   RESUME_EVENT,

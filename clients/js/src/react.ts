@@ -2,6 +2,7 @@
 
 import { useEffect, useState } from "react";
 import { createRunView } from "./run.js";
+import { createSessionView } from "./session.js";
 import {
   watchSession,
   watchSessionSse,
@@ -18,7 +19,7 @@ export interface AgentSessionOptions extends Omit<WatchOptions, "sessionId"> {
 }
 
 function idle(sessionId: string | null): WatchStatus {
-  return { view: createRunView(sessionId), state: "connecting", error: null, resumes: [], snapshot: null, differences: null };
+  return { view: createRunView(sessionId), session: createSessionView(sessionId), state: "connecting", error: null, resumes: [], snapshot: null, differences: null };
 }
 
 /**

@@ -356,6 +356,11 @@ const KNOWN = new Set([
   "agent.continuation",
 ]);
 
+/** Whether `envelope` is one the run reducer folds (a known agent.* type with a payload). */
+export function isRunEnvelope(envelope: AgentEventEnvelope): boolean {
+  return Boolean(envelope && typeof envelope === "object" && KNOWN.has(String(envelope.type)) && envelope.payload);
+}
+
 /** The run `executionId` among `run` and the runs nested in it (any depth). */
 function owner(run: RunView, executionId: string): RunView | null {
   if (run.execution_id === executionId) return run;
@@ -386,7 +391,7 @@ function foldNested(run: RunView, envelope: AgentEventEnvelope, payload: Record<
 
 /** Fold `envelope` into `run` in place; false when it leaves the run as it was. */
 function fold(run: RunView, envelope: AgentEventEnvelope, position: string | null): boolean {
-  if (!envelope || typeof envelope !== "object" || !KNOWN.has(String(envelope.type)) || !envelope.payload) return false;
+  if (!isRunEnvelope(envelope)) return false;
   if (isReplay(run.position, position)) return false;
   const payload = envelope.payload as unknown as Record<string, unknown>;
   if (payload.parent_execution_id !== undefined && payload.parent_execution_id !== null) {
@@ -412,7 +417,7 @@ function fold(run: RunView, envelope: AgentEventEnvelope, position: string | nul
  * Unknown envelope types are ignored.
  */
 export function reduceRun(view: RunView, envelope: AgentEventEnvelope, position: string | null = null): RunView {
-  if (!envelope || typeof envelope !== "object" || !KNOWN.has(String(envelope.type)) || !envelope.payload) return view;
+  if (!isRunEnvelope(envelope)) return view;
   if (isReplay(view.position, position)) return view;
   const run = structuredClone(view);
   fold(run, envelope, position);

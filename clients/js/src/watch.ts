@@ -13,14 +13,13 @@ import { ChannelFeed, RESUME_EVENT, type Pusher } from "./feed.js";
 import { parsePosition } from "./position.js";
 import {
   TERMINAL,
-  applySnapshot,
   createRunView,
   reconcile,
-  reduceRun,
   type Difference,
   type RunView,
   type StateSnapshot,
 } from "./run.js";
+import { applySessionSnapshot, createSessionView, latestRun, reduceSession, type SessionView } from "./session.js";
 
 type PusherConstructor = new (key: string, options: Record<string, unknown>) => Pusher;
 const PusherClass = ((PusherModule as unknown as { default?: PusherConstructor }).default ??
@@ -53,7 +52,10 @@ export interface ResumeAnswer {
 }
 
 export interface WatchStatus {
+  /** The run followed: the session's latest run (an empty view before any). */
   view: RunView;
+  /** Every run the watch saw on the session, apart, oldest first (`view` is the last). */
+  session: SessionView;
   state: ConnectionState;
   error: string | null;
   resumes: ResumeAnswer[];
@@ -117,6 +119,7 @@ class Watch implements SessionWatch {
   ) {
     this.current = {
       view: createRunView(sessionId),
+      session: createSessionView(sessionId),
       state: "connecting",
       error: null,
       resumes: [],
@@ -139,11 +142,17 @@ class Watch implements SessionWatch {
 
   envelope(envelope: AgentEventEnvelope, position: string | null): void {
     if (this.finished) return;
-    const view = reduceRun(this.current.view, envelope, position);
-    if (view === this.current.view) return;
-    this.update({ view });
-    if (envelope.type !== "agent.status" || !TERMINAL.has(envelope.payload.status)) return;
+    const session = reduceSession(this.current.session, envelope, position);
+    if (session === this.current.session) return;
+    this.update({ session, view: latestRun(session) ?? this.current.view });
+    if (envelope.type !== "agent.status") return;
     if (envelope.payload.parent_execution_id != null) return; // a nested run's end is not the run's
+    if (!TERMINAL.has(envelope.payload.status)) {
+      // A later run of the session began (in a replay, after an earlier run's end):
+      // the watch follows it to its own end.
+      this.endPending = false;
+      return;
+    }
     // A run that ends within a replay ends once the resume answer came, so the answer
     // (recovered or not) is always reported.
     if (this.awaitingAnswer) this.endPending = true;
@@ -215,7 +224,8 @@ class Watch implements SessionWatch {
         this.update({ state: "reloaded", error: `history not recovered (${answer.reason ?? "gap"}) and no state stored yet` });
         return;
       }
-      this.update({ view: applySnapshot(this.current.view, snapshot), snapshot, state: "reloaded" });
+      const session = applySessionSnapshot(this.current.session, snapshot);
+      this.update({ session, view: latestRun(session) ?? this.current.view, snapshot, state: "reloaded" });
       if (TERMINAL.has(snapshot.status)) this.finish(snapshot);
     } catch (error) {
       this.fail(`history not recovered and the state could not be read: ${(error as Error).message}`);

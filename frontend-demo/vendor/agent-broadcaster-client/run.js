@@ -251,6 +251,10 @@ const KNOWN = new Set([
     "agent.stream.chunk",
     "agent.continuation",
 ]);
+/** Whether `envelope` is one the run reducer folds (a known agent.* type with a payload). */
+export function isRunEnvelope(envelope) {
+    return Boolean(envelope && typeof envelope === "object" && KNOWN.has(String(envelope.type)) && envelope.payload);
+}
 /** The run `executionId` among `run` and the runs nested in it (any depth). */
 function owner(run, executionId) {
     if (run.execution_id === executionId)
@@ -281,7 +285,7 @@ function foldNested(run, envelope, payload) {
 }
 /** Fold `envelope` into `run` in place; false when it leaves the run as it was. */
 function fold(run, envelope, position) {
-    if (!envelope || typeof envelope !== "object" || !KNOWN.has(String(envelope.type)) || !envelope.payload)
+    if (!isRunEnvelope(envelope))
         return false;
     if (isReplay(run.position, position))
         return false;
@@ -313,7 +317,7 @@ function fold(run, envelope, position) {
  * Unknown envelope types are ignored.
  */
 export function reduceRun(view, envelope, position = null) {
-    if (!envelope || typeof envelope !== "object" || !KNOWN.has(String(envelope.type)) || !envelope.payload)
+    if (!isRunEnvelope(envelope))
         return view;
     if (isReplay(view.position, position))
         return view;

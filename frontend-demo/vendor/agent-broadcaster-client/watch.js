@@ -10,7 +10,8 @@
 import * as PusherModule from "pusher-js";
 import { ChannelFeed, RESUME_EVENT } from "./feed.js";
 import { parsePosition } from "./position.js";
-import { TERMINAL, applySnapshot, createRunView, reconcile, reduceRun, } from "./run.js";
+import { TERMINAL, createRunView, reconcile, } from "./run.js";
+import { applySessionSnapshot, createSessionView, latestRun, reduceSession } from "./session.js";
 const PusherClass = (PusherModule.default ??
     PusherModule);
 export class WatchError extends Error {
@@ -39,6 +40,7 @@ class Watch {
         this.fetcher = fetcher;
         this.current = {
             view: createRunView(sessionId),
+            session: createSessionView(sessionId),
             state: "connecting",
             error: null,
             resumes: [],
@@ -61,14 +63,20 @@ class Watch {
     envelope(envelope, position) {
         if (this.finished)
             return;
-        const view = reduceRun(this.current.view, envelope, position);
-        if (view === this.current.view)
+        const session = reduceSession(this.current.session, envelope, position);
+        if (session === this.current.session)
             return;
-        this.update({ view });
-        if (envelope.type !== "agent.status" || !TERMINAL.has(envelope.payload.status))
+        this.update({ session, view: latestRun(session) ?? this.current.view });
+        if (envelope.type !== "agent.status")
             return;
         if (envelope.payload.parent_execution_id != null)
             return; // a nested run's end is not the run's
+        if (!TERMINAL.has(envelope.payload.status)) {
+            // A later run of the session began (in a replay, after an earlier run's end):
+            // the watch follows it to its own end.
+            this.endPending = false;
+            return;
+        }
         // A run that ends within a replay ends once the resume answer came, so the answer
         // (recovered or not) is always reported.
         if (this.awaitingAnswer)
@@ -145,7 +153,8 @@ class Watch {
                 this.update({ state: "reloaded", error: `history not recovered (${answer.reason ?? "gap"}) and no state stored yet` });
                 return;
             }
-            this.update({ view: applySnapshot(this.current.view, snapshot), snapshot, state: "reloaded" });
+            const session = applySessionSnapshot(this.current.session, snapshot);
+            this.update({ session, view: latestRun(session) ?? this.current.view, snapshot, state: "reloaded" });
             if (TERMINAL.has(snapshot.status))
                 this.finish(snapshot);
         }

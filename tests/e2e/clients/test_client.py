@@ -29,6 +29,7 @@ from broadcaster.client import (
     watch_session,
 )
 from tests.support.processes import REPO, ServerFactory, ServerProcess
+from tests.support.reliability import publish_sync
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +48,7 @@ async def start_run(url: str, **body: Any) -> dict[str, Any]:
     body.setdefault("input", WEATHER)
     async with httpx.AsyncClient() as http:
         response = await http.post(f"{url}/run", json=body)
-    assert response.status_code == 202, response.text
+    assert response.status_code == (200 if body.get("wait") else 202), response.text
     answer: dict[str, Any] = response.json()
     return answer
 
@@ -243,6 +244,74 @@ async def test_tail_json_prints_each_envelope_with_its_position_then_the_result(
     [resume] = result["resumes"]
     assert resume["recovered"]
     assert 1 <= resume["missed"] <= len(envelopes)
+
+
+async def test_tail_keeps_a_sessions_runs_apart_and_follows_the_latest_to_its_end(
+    demo: ServerProcess,
+) -> None:
+    """Two runs ended (the second failed) and a third still going when tail starts: each
+    run is printed under its own header, and tail follows the third to its end (it used
+    to stop after the history, as the first run had ended) and exits by it: 0."""
+    first = await start_run(demo.url, pace_ms=5, wait=True)
+    session = first["session_id"]
+    await start_run(demo.url, session_id=session, input=f"{WEATHER} [fail:model]", wait=True)
+    third = await start_run(demo.url, session_id=session, pace_ms=80)
+    done = await asyncio.to_thread(tail, session, "--url", demo.url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    headers = [out.index(f"run {n} · ") for n in (1, 2, 3)]
+    assert headers == sorted(headers), out
+    assert f"run 3 · {third['execution_id']}" in out
+    assert out.index("■ failed") < headers[2] < out.index("■ completed", headers[2]), out
+    assert "followed: run 3 of the session's 3" in out
+    assert "reconcile: in sync" in out
+
+
+def _publish(url: str, envelope: dict[str, Any]) -> None:
+    """Publish ``envelope`` on its session's channel through the signed HTTP API, as an
+    agent outside the server does."""
+    channel = f"agent.{envelope['session_id']}"
+    response = publish_sync(url, channel, envelope["type"], json.dumps(envelope))
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize(
+    ("inner", "outer", "code"), [("failed", "completed", 0), ("completed", "failed", 1)]
+)
+def test_tail_exits_by_the_run_it_follows_not_by_a_run_nested_in_it(
+    demo: ServerProcess, inner: str, outer: str, code: int
+) -> None:
+    """A run nested in the one followed (a capability's inner agent) is printed indented
+    under its call, and its end neither ends tail nor sets its exit status."""
+    session = f"nested-{inner}"
+
+    def status(execution: str, value: str, **link: str) -> dict[str, Any]:
+        payload: dict[str, Any] = {"status": value, **link}
+        if value == "failed":
+            payload.update(stop_reason="error", error_message=f"{execution} failed")
+        return {
+            "type": "agent.status",
+            "session_id": session,
+            "execution_id": execution,
+            "timestamp": "2024-05-01T12:00:00Z",
+            "payload": payload,
+        }
+
+    link = {"parent_execution_id": "x-outer", "parent_tool_call_id": "cap_1"}
+    for envelope in (
+        status("x-outer", "in_progress"),
+        status("x-inner", "in_progress", **link),
+        status("x-inner", inner, **link),
+        status("x-outer", outer),
+    ):
+        _publish(demo.url, envelope)
+    done = tail(session, "--url", demo.url)
+    assert done.returncode == code, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].strip() == "run 1 · x-outer"
+    assert "┌ nested run x-inner for call cap_1" in lines
+    assert f"  │ ■ {inner}" in "\n".join(lines)
+    assert any(line.startswith(f"■ {outer}") for line in lines), lines
 
 
 @pytest.mark.parametrize(

@@ -16,10 +16,13 @@ from broadcaster.client import (
     RunView,
     apply_snapshot,
     create_run_view,
+    create_session_view,
     final_text,
+    latest_run,
     reconcile,
     reduce_run,
     reduce_run_all,
+    reduce_session,
 )
 
 FOLDER = Path(__file__).resolve().parents[2] / "fixtures" / "runs"
@@ -150,3 +153,60 @@ def test_a_nested_run_is_kept_out_of_its_parent_and_exposed_under_the_call() -> 
     assert (inner["status"], len(inner["steps"])) == ("completed", 3)
     assert [t["name"] for s in inner["steps"] for t in s["tools"]] == ["get_weather", "calculator"]
     assert reconcile(parent, fixture["snapshot"]) == []
+
+
+# --- a session's runs apart (clients/js/test/session.test.mjs holds TypeScript to the same)
+
+UNSNAPSHOTTED = sorted(
+    name
+    for name, fixture in FIXTURES.items()
+    if not any(op.get("snapshot") for op in fixture["ops"])
+)
+
+
+def _by_run(ops: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """``ops`` grouped by top-level run (a nested run's with its parent's), in order."""
+    runs: dict[str | None, list[dict[str, Any]]] = {}
+    root: dict[str, str | None] = {}
+    last: str | None = None
+    for op in ops:
+        envelope = op["envelope"]
+        own, parent = envelope.get("execution_id"), envelope["payload"].get("parent_execution_id")
+        key = root.get(parent, parent) if parent else (own or last)
+        if parent and own:
+            root[own] = key
+        runs.setdefault(key, []).append(op)
+        last = key
+    return list(runs.values())
+
+
+@pytest.mark.parametrize("name", UNSNAPSHOTTED)
+def test_reduce_session_keeps_each_run_as_reduce_run_builds_it_alone(name: str) -> None:
+    fixture = FIXTURES[name]
+    session = create_session_view(fixture["session_id"])
+    for op in fixture["ops"]:
+        session = reduce_session(session, op["envelope"], op["position"])
+    expected = [replay(fixture, ops) for ops in _by_run(fixture["ops"])]
+    assert session["runs"] == expected
+    assert session["position"] == fixture["ops"][-1]["position"]
+    if len(expected) == 1:
+        assert latest_run(session) == fixture["expected"]["view"]
+
+
+def test_reduce_session_keeps_a_failed_first_run_apart_from_the_second() -> None:
+    fixture = FIXTURES["second-run"]
+    session = create_session_view(fixture["session_id"])
+    for op in fixture["ops"]:
+        before = session
+        session = reduce_session(session, op["envelope"], op["position"])
+        if len(before["runs"]) == len(session["runs"]) == 2:
+            assert session["runs"][0] is before["runs"][0]  # untouched: the same object
+    first, second = session["runs"]
+    assert (first["status"], second["status"]) == ("failed", "completed")
+    assert "failed on purpose" in first["error"]
+    assert second["error"] is None
+    assert second["steps"][0]["number"] == first["steps"][-1]["number"] + 1
+    last = fixture["ops"][-1]
+    assert reduce_session(session, last["envelope"], last["position"]) is session
+    assert reduce_session(session, {"type": "client-typing", "payload": {}}) is session
+    assert latest_run(create_session_view("s")) is None

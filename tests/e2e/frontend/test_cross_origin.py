@@ -9,17 +9,14 @@ run: its preflight is refused. HTTP-level checks: tests/reliability/test_cross_s
 
 from __future__ import annotations
 
-import functools
-import threading
 from collections.abc import Iterator
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 from playwright.sync_api import Browser
 
 from tests.support.live import APP_ID, KEY, SECRET, write_apps
+from tests.support.pages import static_sites
 from tests.support.processes import REPO, ServerFactory, ServerProcess
 
 pytestmark = pytest.mark.browser
@@ -66,11 +63,6 @@ window.follow = async (server, key, session) => {
 """
 
 
-class _Quiet(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def pages(tmp_path: Path) -> Iterator[list[str]]:
     """Two static servers on loopback (two origins) serving the page and pusher-js."""
@@ -78,14 +70,8 @@ def pages(tmp_path: Path) -> Iterator[list[str]]:
     root.mkdir()
     (root / "index.html").write_text(PAGE)
     (root / "pusher.min.js").write_bytes((REPO / "frontend-demo/vendor/pusher.min.js").read_bytes())
-    handler = functools.partial(_Quiet, directory=str(root))
-    servers = [ThreadingHTTPServer(("127.0.0.1", 0), handler) for _ in range(2)]
-    for server in servers:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield [f"http://127.0.0.1:{server.server_address[1]}" for server in servers]
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    with static_sites(root) as origins:
+        yield origins
 
 
 def restricted_server(factory: ServerFactory, tmp_path: Path, origin: str) -> ServerProcess:

@@ -303,10 +303,11 @@ def test_after_a_server_restart_the_page_reconnects_and_says_history_was_not_rec
 
 
 # --- a session's second run ------------------------------------------------------------
-# Step numbers, usage and time keep counting across the runs of one session; the stored
-# snapshot and agent.status count the whole session. The page has no control to continue
-# a session, so the second run is started through POST /run with the session id, as
-# another client would.
+# A session runs one run at a time; its step numbers and the stored snapshot count on
+# across its runs. The page keeps the runs apart: it shows the latest run alone (its
+# steps 4-6) and lists the earlier one, which opens to its own steps 1-3. The page has
+# no control to continue a session, so the second run is started through POST /run
+# with the session id, as another client would.
 
 
 def continue_session(url: str, session: str, question: str, pace: str = "40") -> None:
@@ -317,50 +318,78 @@ def continue_session(url: str, session: str, question: str, pace: str = "40") ->
     assert response.json()["session_id"] == session
 
 
-def expect_second_run(page: Page, first_city: str | None, city: str) -> None:
-    """The second run's steps are numbered 4-6 after the first run's 1-3 (which the page
-    shows when it saw their events: ``first_city``; None: it filled the second run from
-    the snapshot), its answer is the last, and the page is in sync with the session's
-    snapshot, with no difference listed."""
-    expect(page.get_by_label("Run status")).to_have_text("completed", timeout=WAIT_MS)
-    numbers = list(range(1 if first_city else STEPS + 1, 2 * STEPS + 1))
-    expect(page.locator("#timeline > li.step")).to_have_count(len(numbers), timeout=WAIT_MS)
-    expect(page.locator("#timeline .step-number")).to_have_text([str(n) for n in numbers])
+def expect_run_steps(page: Page, first: int) -> None:
+    """The timeline shows one run of the scripted agent: steps ``first`` to ``first + 2``
+    and nothing of any other run."""
+    numbers = [str(n) for n in range(first, first + STEPS)]
+    expect(page.locator("#timeline > li.step")).to_have_count(STEPS, timeout=WAIT_MS)
+    expect(page.locator("#timeline .step-number")).to_have_text(numbers)
     for number, ids in TOOL_CALLS.items():
-        step = page.locator(f"#step-{STEPS + number}")
+        step = page.locator(f"#step-{first - 1 + number}")
         expect(step).to_have_attribute("data-state", "done")
         expect(step.locator("li.tool")).to_have_count(len(ids))
         for call_id in ids:
             expect(step.locator(f'li.tool[data-tool-call-id="{call_id}"]')).to_be_visible()
-    expect(page.locator(f"#step-{2 * STEPS} .finish")).to_have_text("stop")
-    if first_city:  # the events give the tools' arguments (the snapshot's steps do not)
-        expect(page.locator(f"#step-{STEPS + 1} .tool-args")).to_contain_text(city)
-        expect(page.locator("#step-1 .tool-args")).to_contain_text(first_city)
-        expect(page.locator(f"#step-{STEPS} .finish")).to_have_text("stop")
+    expect(page.locator(f"#step-{first + STEPS - 1} .finish")).to_have_text("stop")
+    expect(page.locator("#total-steps")).to_have_text(str(STEPS))
+
+
+def expect_second_run(page: Page, first_city: str | None, city: str) -> None:
+    """The page shows the session's second run alone: its steps 4-6 (numbered on after
+    the first run's 1-3), its answer, its totals, in sync with the session's snapshot.
+    The first run is listed apart when the page saw its events (``first_city``), and
+    opens to its own steps 1-3; None: its events were gone, the second run's steps were
+    filled from the snapshot."""
+    expect(page.get_by_label("Run status")).to_have_text("completed", timeout=WAIT_MS)
+    expect_run_steps(page, STEPS + 1)
     expect(page.locator("#answer")).to_contain_text(f"In {city} it is")
-    expect(page.locator("#total-steps")).to_have_text(str(len(numbers)))
     reconcile = page.locator("#reconcile")
     expect(reconcile).to_have_attribute("data-state", "in_sync", timeout=WAIT_MS)
     expect(page.get_by_role("status").filter(has_text="In sync")).to_be_visible()
     expect(reconcile.locator("ul.differences > li")).to_have_count(0)
     expect(page.locator(".step .chip.diff:visible")).to_have_count(0)
+    facts = page.locator("#run-facts")
+    expect(facts).to_have_attribute("data-status", "completed")
+    expect(facts).to_have_attribute("data-steps", str(STEPS))
+    if not first_city:
+        return
+    # The events give the tools' arguments (the snapshot's steps do not).
+    expect(page.locator(f"#step-{STEPS + 1} .tool-args")).to_contain_text(city)
+    runs = page.get_by_role("list", name="Runs of this session").locator("> li")
+    expect(runs).to_have_count(2)
+    latest, earlier = runs.nth(0), runs.nth(1)
+    expect(latest.get_by_role("button")).to_have_attribute("aria-current", "true")
+    expect(earlier).to_have_attribute("data-status", "completed")
+    second_id = facts.get_attribute("data-execution-id")
+    earlier.get_by_role("button").click()
+    expect(facts).not_to_have_attribute("data-execution-id", second_id or "")
+    expect_run_steps(page, 1)
+    expect(page.locator("#step-1 .tool-args")).to_contain_text(first_city)
+    expect(page.locator("#answer")).to_contain_text(f"In {first_city} it is")
+    page.get_by_role("button", name="Follow the latest run").click()
+    expect(facts).to_have_attribute("data-execution-id", second_id or "")
+    expect_run_steps(page, STEPS + 1)
 
 
 def test_a_page_following_a_session_shows_its_second_run_numbered_on_and_in_sync(
     page: Page, demo_server: ServerProcess, artifacts: Path
 ) -> None:
     """The page that ran the first question stays on the session's channel while a
-    second run of the session starts: its steps follow as 4, 5, 6; while it runs, the
-    first run's verdict is not shown as the session's and the clock runs again; at its
-    end the page is in sync."""
+    second run of the session starts: the page switches to it as it starts (its steps
+    4, 5, 6 alone; the first run moves to the list, with its own verdict); while it
+    runs, the first run's verdict is not shown as its own and its clock runs; at its end
+    the page is in sync."""
     session = start_run(page, demo_server.url, "What is the weather in Lisbon?")
     expect_complete_run(page, "Lisbon")
     first_run_time = page.locator("#total-time").inner_text()
     continue_session(demo_server.url, session, "And what is the weather in Oslo?", pace="150")
     expect(page.locator(f"#step-{STEPS + 1} .step-text")).to_contain_text("Let me", timeout=WAIT_MS)
+    expect(page.locator("#step-1")).to_have_count(0)
     status = page.get_by_label("Run status")
     expect(status).to_have_text("in progress")
     expect(page.locator("#reconcile")).to_have_attribute("data-state", "waiting")
+    earlier = page.get_by_role("list", name="Runs of this session").locator("> li").nth(1)
+    expect(earlier).to_have_attribute("data-reconcile", "in_sync")
     # Two more seconds of paced text to go: the summary's clock ticks (every 0.5 s).
     expect(page.locator("#total-time")).not_to_have_text(first_run_time)
     expect(status).to_have_text("in progress")

@@ -413,6 +413,45 @@ def test_a_routed_capabilitys_work_is_nested_under_its_call(
     screenshot(page, artifacts, "run-page-routed")
 
 
+def test_a_nested_runs_continuation_decisions_are_shown_under_the_call_that_ran_it(
+    page: Page, demo: ServerProcess, runs: Runs, artifacts: Path
+) -> None:
+    """The capability's inner agent decided after each of its steps: those decisions
+    are in the routed step's block, under the capability's call, collapsible."""
+    run = runs.routed
+    open_run(page, demo, run.session_id)
+    inner = {e["envelope"]["execution_id"] for e in run.records} - {run.execution_id}
+    [call] = [
+        e["envelope"]["payload"]["tool_call_id"]
+        for e in run.records
+        if e["envelope"]["type"] == "agent.tool.started"
+        and e["envelope"]["payload"]["tool_name"] == "weather_agent"
+    ]
+    outer = page.locator('#continuations > article[data-step="1"]')
+    expect(outer).to_have_attribute("data-outcome", "completed", timeout=WAIT_MS)
+    expect(outer.locator("> h3")).to_have_text("Step 1: stop (completed)")
+    nested = outer.locator(f'details.nested-decisions[data-execution-id="{inner.pop()}"]')
+    expect(nested).to_have_attribute("data-parent-tool-call-id", call)
+    expect(nested).to_have_attribute("data-parent-execution-id", run.execution_id)
+    expect(nested).to_have_attribute("data-status", "completed")
+    summary = nested.locator("> summary")
+    expect(summary).to_contain_text(f"weather_agent ({call}) ran")
+    expect(summary).to_contain_text("3 continuation decisions")
+    blocks = nested.locator("> .continuations > article.cont-block")
+    expect(blocks).to_have_count(3)
+    expect(blocks.locator("> h3")).to_have_text(
+        ["Step 1: continue", "Step 2: continue", "Step 3: stop (completed)"]
+    )
+    expect(blocks.nth(2)).to_have_attribute("data-outcome", "completed")
+    expect(blocks.nth(0).locator(".why-winner dd")).to_have_text("ToolCallPresenceCheck")
+    expect(blocks.nth(0).locator("tbody tr").first).to_be_visible()
+    screenshot(page, artifacts, "run-page-nested-decisions")
+    summary.click()  # collapsed
+    expect(blocks.first).to_be_hidden()
+    summary.click()
+    expect(blocks.first).to_be_visible()
+
+
 def test_the_continuation_panel_says_who_forbade_requested_won_and_by_which_rule(
     page: Page, demo: ServerProcess, runs: Runs
 ) -> None:

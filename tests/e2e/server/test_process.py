@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import websockets
 
 from tests.support.live import Client, write_apps
-from tests.support.processes import ServerFactory
+from tests.support.processes import RedisServer, ServerFactory, ServerProcess, free_port
 
 
 def test_environment_configures_the_app(server_factory: ServerFactory) -> None:
@@ -105,3 +109,61 @@ def test_a_refusal_quoting_a_long_non_ascii_key_still_closes_cleanly(
     assert server.stop() in (0, -signal.SIGTERM)
     assert "Traceback" not in server.log
     assert "Finished server process" in server.log
+
+
+def banner(server: ServerProcess) -> str:
+    """The banner's backend line (printed before the "listening" line)."""
+    return next(line for line in server.output if line.startswith("agent-broadcaster backend:"))
+
+
+@pytest.mark.redis
+def test_redis_url_is_the_backend_unless_one_is_named(
+    server_factory: ServerFactory, redis_server: RedisServer
+) -> None:
+    """``serve`` takes ``REDIS_URL`` as the Procfile's worker does; ``--backend`` and
+    ``BROADCASTER_BACKEND`` come first; the banner names the backend and its source."""
+    taken = server_factory(env={"REDIS_URL": redis_server.url})
+    assert (
+        banner(taken).strip()
+        == f"agent-broadcaster backend: redis {redis_server.url} (from REDIS_URL)"
+    )
+    taken.wait_ready()
+    named = server_factory("--backend", "memory://", env={"REDIS_URL": redis_server.url})
+    assert banner(named).startswith("agent-broadcaster backend: memory (")
+    env = {"REDIS_URL": "redis://127.0.0.1:1/0", "BROADCASTER_BACKEND": redis_server.url}
+    assert banner(server_factory(env=env)).strip().endswith(f"redis {redis_server.url}")
+
+
+def test_the_banner_and_logs_show_no_credentials(server_factory: ServerFactory) -> None:
+    """A Redis that is not there yet: the server starts (not ready) and says where it
+    looks, without the password (nor a query, where redis-py takes one)."""
+    port = free_port()
+    for url, shown in [
+        (f"redis://user:s3cret@127.0.0.1:{port}/0", f"redis redis://127.0.0.1:{port}/0"),
+        (
+            f"redis-sentinel://:s3cret@127.0.0.1:{port}/mymaster/0?password=s3cret",
+            f"sentinel redis-sentinel://127.0.0.1:{port}/mymaster/0",
+        ),
+    ]:
+        server = server_factory("--backend", url)
+        assert banner(server).strip() == f"agent-broadcaster backend: {shown}"
+        assert "s3cret" not in server.log
+        server.stop()
+
+
+def test_a_bad_redis_url_is_refused_naming_it() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "BROADCASTER_BACKEND"}
+    done = subprocess.run(
+        [sys.executable, "-m", "broadcaster", "serve", "--port", "0"],
+        env={**env, "REDIS_URL": "http://127.0.0.1:6379"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "unsupported backend URL 'http://127.0.0.1:6379'" in done.stderr
+    assert (
+        "the backend is REDIS_URL's: --backend, then BROADCASTER_BACKEND, then REDIS_URL"
+        in done.stderr
+    )

@@ -535,13 +535,17 @@ async def test_the_list_answers_429_with_retry_after_past_a_clients_rate(
         assert (await http.get("/api/sessions/s/runs")).status_code == 404, "only the list"
 
 
+ONE, TWO = "https://one.example", "https://two.example"
+ORIGIN = {"origin": TWO}
+
+
 async def test_another_apps_runs_are_listed_only_with_its_key(
     start_server: StartServer, tmp_path: Path
 ) -> None:
     apps = write_apps(
         tmp_path / "apps.json",
-        {"id": "1", "key": "key-one", "secret": "secret-one"},
-        {"id": "2", "key": "key-two", "secret": "secret-two"},
+        {"id": "1", "key": "key-one", "secret": "secret-one", "allowed_origins": [ONE]},
+        {"id": "2", "key": "key-two", "secret": "secret-two", "allowed_origins": [TWO]},
     )
     live = await start_server(apps_file=apps)
     await fill(live.node, 3, private_every=100, app_id="2")
@@ -552,8 +556,9 @@ async def test_another_apps_runs_are_listed_only_with_its_key(
         assert (await http.get("/api/sessions", params={"app_id": "9"})).status_code == 403
         assert (await http.get("/api/sessions")).json()["runs"] == []  # app 1's
         assert (await http.get("/api/sessions", params={"app_id": "1"})).status_code == 200
-        mine = await http.get("/api/sessions", params={"app_key": "key-two"})
+        mine = await http.get("/api/sessions", params={"app_key": "key-two"}, headers=ORIGIN)
         assert len(mine.json()["runs"]) == 2  # the private one left out
+        assert mine.headers["access-control-allow-origin"] == TWO, "app 2's origins decide"
         both = await http.get("/api/sessions", params={"app_key": "key-two", "app_id": "2"})
         assert both.status_code == 200
         wrong = await http.get("/api/sessions", params={"app_key": "key-two", "app_id": "1"})
@@ -601,3 +606,40 @@ async def test_the_otlp_download_of_a_run_with_times_otlp_cannot_hold_is_not_a_5
         assert [span["name"] for span in spans] == ["invoke_agent agent"]
         trace = await http.get("/api/sessions/when/trace?execution_id=w1")
         assert len(trace.json()["envelopes"]) == 5, "the JSON trace keeps what was published"
+
+
+async def test_a_run_listed_running_that_nothing_runs_is_marked_abandoned(
+    start_server: StartServer,
+) -> None:
+    """A run still listed ``running`` whose server went away before its end (the
+    session's run claim lapsed) is answered ``"abandoned": true``; an earlier running
+    row is abandoned whatever the claim (one run at a time per session). A run going on
+    is not, and a server without the demo extension (no one to ask) marks nothing."""
+    live = await start_server(demo=True)
+    node, app = live.node, live.node.apps[0]
+    runs = BackendStateStore(node.backend, app.id).runs
+    for execution in ("x-dead-1", "x-dead-2"):
+        await runs.started("agent.crashed", execution, input_text="hi", started_at=next(CLOCK))
+    async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
+
+        async def abandoned() -> list[bool]:
+            answer = await http.get("/api/sessions/crashed/runs")
+            assert answer.status_code == 200, answer.text
+            return [run.get("abandoned", False) for run in answer.json()["runs"]]
+
+        assert await abandoned() == [True, True]
+        assert await node.backend.claim_value(app.id, "run:crashed", "someone", 30)
+        assert await abandoned() == [True, False]  # the latest may be running somewhere
+
+        started = await http.post("/run", json={"input": "weather in Oslo?", "pace_ms": 150})
+        session = started.json()["session_id"]
+        going = (await http.get(f"/api/sessions/{session}/runs")).json()["runs"]
+        assert [(run["status"], "abandoned" in run) for run in going] == [("running", False)]
+
+    bare = await start_server()
+    store = BackendStateStore(bare.node.backend, bare.node.apps[0].id)
+    await store.runs.started("agent.crashed", "x-dead-1", started_at=next(CLOCK))
+    async with httpx.AsyncClient(base_url=bare.url, timeout=10) as http:
+        [run] = (await http.get("/api/sessions/crashed/runs")).json()["runs"]
+        assert run["status"] == "running"
+        assert "abandoned" not in run
