@@ -11,6 +11,7 @@ from typing import Annotated, Any, Self
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from agent_core._frozen import freeze_mapping
+from broadcaster.envelope import MAX_WIRE_INT
 
 __all__ = ["FinishReason", "Message", "Role", "ToolCall", "Usage"]
 
@@ -55,12 +56,19 @@ class ToolCall(_Frozen):
     arguments: ReadOnlyData = Field(default_factory=dict)
 
 
-class Usage(_Frozen):
-    """Token usage; ``total`` is prompt + completion unless a provider says otherwise."""
+Tokens = Annotated[int, Field(ge=0), AfterValidator(lambda n: min(n, MAX_WIRE_INT))]
+"""A token count: a larger one (a hostile or broken model API's, a sum of them, a stored
+state's) is :data:`~broadcaster.envelope.MAX_WIRE_INT`, which every envelope, stored
+state and JavaScript reader holds exactly."""
 
-    prompt: int = Field(default=0, ge=0)
-    completion: int = Field(default=0, ge=0)
-    total: int = Field(default=0, ge=0)
+
+class Usage(_Frozen):
+    """Token usage; ``total`` is prompt + completion unless a provider says otherwise.
+    Each count saturates at :data:`~broadcaster.envelope.MAX_WIRE_INT`."""
+
+    prompt: Tokens = 0
+    completion: Tokens = 0
+    total: Tokens = 0
 
     @classmethod
     def of(cls, prompt: int = 0, completion: int = 0) -> Usage:

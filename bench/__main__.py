@@ -209,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import run_index
 
         return run_index.main([a for a in argv if a != "--run-index"])
+    if "--list-pollers" in argv:  # /up with and without run-list pollers (bench/list_pollers.py)
+        from bench import list_pollers
+
+        return list_pollers.main([a for a in argv if a != "--list-pollers"])
     if "--shards" in argv:  # 1 vs 3 Redis Cluster shards, our server only (bench/shards.py)
         from bench import shards
 

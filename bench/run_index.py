@@ -31,7 +31,7 @@ from broadcaster.node import Node
 from broadcaster.run_index import RunSummary
 from broadcaster.settings import load_settings
 
-__all__ = ["main", "measure"]
+__all__ = ["fill", "main", "measure"]
 
 TARGET_MS = 50.0
 
@@ -63,7 +63,8 @@ def _summary(i: int, now: float) -> tuple[str, RunSummary]:
     return channel, summary
 
 
-async def _fill(node: Node, app_id: str, runs: int) -> float:
+async def fill(node: Node, app_id: str, runs: int) -> float:
+    """Index ``runs`` finished runs of ``app_id`` (see the module's docstring); seconds."""
     index = node.backend.runs
     now = time.time()
     began = time.perf_counter()
@@ -93,7 +94,7 @@ async def measure(backend: str, runs: int, requests: int) -> dict[str, Any]:
     app = create_app(settings, node)
     async with node.running():
         app_id = node.apps[0].id
-        fill_s = await _fill(node, app_id, runs)
+        fill_s = await fill(node, app_id, runs)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://bench") as http:
             results: dict[str, Any] = {"backend": backend.split(":")[0], "runs": runs}

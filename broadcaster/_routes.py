@@ -18,17 +18,34 @@ the calls:
   oversized message that may be unsent, and its socket is not closing;
 - the frame fits the connection's buffer limit with what the transport holds.
 
+What it refuses, the same way in both definitions, whoever calls it: ``routes`` that is
+not a ``dict`` or ``reply`` that is not a ``list`` (subclasses neither), a table entry
+that is neither ``None`` (no route) nor a :class:`Route`, an uninitialised route
+(``Route.__new__(Route)``), and a ``get_write_buffer_size()`` that is not a
+non-negative ``int``: ``TypeError`` (``ValueError`` for a negative size). A reply of
+another length, or whose name or payload is not exactly ``bytes`` (``bytearray``,
+``memoryview``, a subclass), is declined. A :class:`Route` checks its fields when made
+(``TypeError`` or ``ValueError``), is made once (not re-initialised, subclassed,
+copied or pickled), and only its ``offset`` can be set, to an ``int`` from 0 to
+2**63 - 1. Every callback (the attribute reads of the connection and its socket,
+``is_closing()``, ``get_write_buffer_size()``, ``write()``) may run any Python code:
+the compiled one holds a strong reference to each object it uses across them, and a
+delivery sets the route's offset to the one it wrote.
+
 :func:`deliver` is compiled from ``broadcaster/_routes_c.c`` when a C compiler was there
 at install (``hatch_build.py``); this module's Python definition, identical in
 behaviour, serves otherwise. ``tests/broadcaster/test_routes.py`` runs both against the
-same cases. Per message, from the read to the write (``bench/callgrind_channels.py``,
-user space): about 35,000 instructions on the full path, 19,600 with the Python
-definition, 9,700 compiled.
+same cases, and ``tests/broadcaster/test_routes_differential.py`` compares them on
+generated inputs and hostile objects, also in a build with AddressSanitizer. Per
+message, from the read to the write (``bench/callgrind_channels.py``, user space): about
+36,000 instructions on the full path, 21,000 with the Python definition, 9,800 compiled.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from broadcaster._frames import _HEADER_16, _HEADER_64
@@ -39,33 +56,72 @@ if TYPE_CHECKING:
 __all__ = ["COMPILED", "PyRoute", "Route", "RouteTable", "deliver", "py_deliver"]
 
 
+_MAX_OFFSET = (1 << 63) - 1
+
+
+def _not_bytes(field: str, value: object) -> None:
+    if type(value) is not bytes:
+        raise TypeError(f"Route {field} must be bytes, not {type(value).__name__}")
+
+
+def _bounded(field: str, value: object, most: int, most_text: str) -> int:
+    if type(value) is not int:
+        raise TypeError(f"Route {field} must be an int, not {type(value).__name__}")
+    if not 0 <= value <= most:
+        raise ValueError(f"Route {field} must be from 0 to {most_text}")
+    return value
+
+
+def _uninitialised(error: type[Exception]) -> Exception:
+    return error("an uninitialised Route (made by Route.__new__ without __init__)")
+
+
 class Route:
     """One channel's direct route to its only subscriber.
 
+    Made once by the hub; its fields are read-only but ``offset``. It cannot be
+    subclassed, copied or initialised twice (``TypeError``), as the compiled one.
+
     Attributes:
         table: The :class:`RouteTable` it is in (while attached).
-        name: Its key there: the channel's pub/sub channel name.
+        name: Its key there: the channel's pub/sub channel name (bytes).
         conn: The subscriber (a fast-path :class:`~broadcaster.connection.Connection`).
         raw: Its socket (``close_sent``, ``disconnected`` and ``transport`` are read).
-        head: ``2 <app_id> <channel> ``: what the channel's payloads start with.
+        transport: ``raw.transport``, read once.
+        head: ``2 <app_id> <channel> ``: what the channel's payloads start with (bytes).
         epoch: The epoch of the last position delivered, as bytes.
-        offset: The offset of the last position delivered (advanced by each delivery).
-        limit: The connection's buffer limit (``max_buffer_bytes``).
+        offset: The offset of the last position delivered (set by each delivery); an int
+            from 0 to 2**63 - 1.
+        limit: The connection's buffer limit (``max_buffer_bytes``), from 0 to
+            ``sys.maxsize``.
         open_state: ``ConnectionState.OPEN`` (compared by identity).
     """
 
     __slots__ = (
-        "conn",
-        "epoch",
-        "head",
-        "limit",
-        "name",
-        "offset",
-        "open_state",
-        "raw",
-        "table",
-        "transport",
+        "_conn",
+        "_epoch",
+        "_head",
+        "_limit",
+        "_name",
+        "_offset",
+        "_open_state",
+        "_raw",
+        "_table",
+        "_transport",
     )
+    _table: RouteTable
+    _name: bytes
+    _conn: Connection
+    _raw: Any
+    _transport: Any
+    _head: bytes
+    _epoch: bytes
+    _offset: int
+    _limit: int
+    _open_state: object
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        raise TypeError("Route is not an acceptable base type")
 
     def __init__(
         self,
@@ -79,16 +135,64 @@ class Route:
         limit: int,
         open_state: object,
     ) -> None:
-        self.table = table
-        self.name = name
-        self.conn = conn
-        self.raw = raw
-        self.transport = raw.transport
-        self.head = head
-        self.epoch = epoch
-        self.offset = offset
-        self.limit = limit
-        self.open_state = open_state
+        try:
+            self._head  # noqa: B018 - set last, so set means initialised
+        except AttributeError:
+            pass
+        else:
+            raise TypeError("a Route is initialised once: make a new one")
+        _not_bytes("name", name)
+        _not_bytes("head", head)
+        _not_bytes("epoch", epoch)
+        offset = _bounded("offset", offset, _MAX_OFFSET, "2**63 - 1")
+        limit = _bounded("limit", limit, sys.maxsize, "sys.maxsize")
+        transport = raw.transport
+        self._table = table
+        self._name = name
+        self._conn = conn
+        self._raw = raw
+        self._transport = transport
+        self._epoch = epoch
+        self._open_state = open_state
+        self._offset = offset
+        self._limit = limit
+        self._head = head
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a Route cannot be copied or pickled: make a new one")
+
+    table = property(attrgetter("_table"))
+    name = property(attrgetter("_name"))
+    conn = property(attrgetter("_conn"))
+    raw = property(attrgetter("_raw"))
+    transport = property(attrgetter("_transport"))
+    head = property(attrgetter("_head"))
+    epoch = property(attrgetter("_epoch"))
+    open_state = property(attrgetter("_open_state"))
+
+    def _initialised(self, error: type[Exception]) -> None:
+        """Raise ``error`` when the route was never initialised (``__init__`` sets
+        ``_head`` last)."""
+        try:
+            self._head  # noqa: B018
+        except AttributeError:
+            raise _uninitialised(error) from None
+
+    @property
+    def limit(self) -> int:
+        self._initialised(AttributeError)
+        return self._limit
+
+    @property
+    def offset(self) -> int:
+        self._initialised(AttributeError)
+        return self._offset
+
+    @offset.setter
+    def offset(self, value: int) -> None:
+        value = _bounded("offset", value, _MAX_OFFSET, "2**63 - 1")
+        self._initialised(TypeError)
+        self._offset = value
 
 
 class RouteTable:
@@ -118,17 +222,34 @@ class RouteTable:
         self.routes.clear()
 
 
+_PyRoute = Route
+
+
 def _deliver(routes: dict[bytes, Route], reply: list[Any]) -> bool:
     """Write the ``message`` push ``reply`` (``[b"message", name, payload]``) to the
     subscriber of ``name``'s route; False (nothing done) when there is no route or any
-    condition of the module doc fails."""
+    condition of the module doc fails. TypeError for containers of other types or a
+    route that is not an initialised Route."""
+    if type(routes) is not dict:
+        raise TypeError(f"deliver: routes must be a dict, not {type(routes).__name__}")
+    if type(reply) is not list:
+        raise TypeError(
+            f"deliver: reply must be a list (a pub/sub push), not {type(reply).__name__}"
+        )
     if len(reply) != 3:
         return False
-    route = routes.get(reply[1])
-    if route is None:
+    _, name, data = reply
+    if type(name) is not bytes or type(data) is not bytes:
         return False
-    data: bytes = reply[2]
-    head = route.head
+    route = routes.get(name)
+    if type(route) is not _PyRoute:
+        if route is None:
+            return False
+        raise TypeError(f"deliver: a route must be a Route, not {type(route).__name__}")
+    try:
+        head = route._head
+    except AttributeError:
+        raise _uninitialised(TypeError) from None
     if not data.startswith(head):
         return False
     start = len(head)
@@ -138,17 +259,18 @@ def _deliver(routes: dict[bytes, Route], reply: list[Any]) -> bool:
     fields = data[start:end].split(b" ")
     if len(fields) != 3:
         return False
-    offset, epoch, exclude = fields
+    digits, epoch, exclude = fields
     # (At most 18 digits, as the compiled one parses: past what a position reaches.)
-    if exclude != b"-" or epoch != route.epoch or not offset.isdigit() or len(offset) > 18:
+    if exclude != b"-" or epoch != route._epoch or not digits.isdigit() or len(digits) > 18:
         return False
-    if int(offset) != route.offset + 1:
+    offset = int(digits)
+    if offset != route._offset + 1:
         return False
-    conn: Any = route.conn
-    if conn.state is not route.open_state or conn._pending is not None or conn._oversized:
+    conn: Any = route._conn
+    raw = route._raw
+    transport = route._transport
+    if conn.state is not route._open_state or conn._pending is not None or conn._oversized:
         return False
-    raw = route.raw
-    transport = route.transport
     if raw.close_sent or raw.disconnected or transport.is_closing():
         return False
     size = len(data) - end - 1
@@ -158,10 +280,15 @@ def _deliver(routes: dict[bytes, Route], reply: list[Any]) -> bool:
         header = _HEADER_16(0x81, 126, size)
     else:
         header = _HEADER_64(0x81, 127, size)
-    if transport.get_write_buffer_size() + len(header) + size > route.limit:
+    buffered = transport.get_write_buffer_size()
+    if type(buffered) is not int:
+        raise TypeError(f"get_write_buffer_size() returned {type(buffered).__name__}, not an int")
+    if buffered < 0:
+        raise ValueError("get_write_buffer_size() returned a negative size")
+    if buffered + len(header) + size > route._limit:
         return False
     transport.write(header + data[end + 1 :])
-    route.offset += 1
+    route._offset = offset  # the position it delivered
     return True
 
 

@@ -1,16 +1,25 @@
 from typing import Any
 
 class Route:
-    table: Any
-    name: bytes
-    conn: Any
-    raw: Any
-    transport: Any
-    head: bytes
-    epoch: bytes
+    @property
+    def table(self) -> Any: ...
+    @property
+    def name(self) -> bytes: ...
+    @property
+    def conn(self) -> Any: ...
+    @property
+    def raw(self) -> Any: ...
+    @property
+    def transport(self) -> Any: ...
+    @property
+    def head(self) -> bytes: ...
+    @property
+    def epoch(self) -> bytes: ...
+    @property
+    def limit(self) -> int: ...
+    @property
+    def open_state(self) -> object: ...
     offset: int
-    limit: int
-    open_state: object
     def __init__(
         self,
         table: Any,

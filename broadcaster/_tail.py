@@ -11,18 +11,26 @@ result). The exit status lets a script or a CI job wait on a run: 0 the run foll
 completed, 1 it failed (a nested run's failure is its parent's business, not the exit
 status), 2 could not follow (server unreachable, unknown session, refused token, bad
 ``since``).
+
+Everything shown comes from the run's publishers, models and tools, or from the server,
+and none of it is trusted: in the trace every value is printed as text (rich markup
+escaped) with its control characters shown as escapes (``\\x1b``, ``\\x9b``; streamed
+text keeps its line breaks and tabs), and each JSON line escapes them as ``\\uXXXX``
+(:mod:`broadcaster._text`), so nothing written can move the cursor, clear the screen,
+set the title or the clipboard (OSC 52) or make a link (OSC 8). An envelope with a field
+of the wrong type is reported and skipped, never a crash.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from typing import Any, TextIO
 
 from rich.console import Console
 from rich.markup import escape
 
+from broadcaster._text import excerpt, json_line, printable
 from broadcaster.client import (
     TERMINAL,
     Resume,
@@ -45,9 +53,23 @@ EXIT_FAILED = 1
 EXIT_UNREACHABLE = 2
 
 
+def _show(value: Any) -> str:
+    """``value`` as one line of text in rich markup: markup escaped, control characters
+    shown as escapes."""
+    return escape(printable(value))
+
+
 def _ms(value: Any) -> str:
     number = float(value or 0)
     return f"{number:.1f} ms" if number < 10 else f"{number:.0f} ms"
+
+
+_UNREADABLE = (TypeError, ValueError, KeyError, AttributeError)
+"""What folding or printing an envelope with a field of the wrong type raises."""
+
+
+def _unreadable(envelope: dict[str, Any], exc: Exception) -> str:
+    return f"{excerpt(envelope.get('type'))}: {type(exc).__name__}: {exc}"
 
 
 NESTED_INDENT = "  │ "
@@ -75,7 +97,7 @@ class _Trace:
         kind, payload = envelope.get("type"), envelope.get("payload") or {}
         self._run_of(envelope, payload)
         if kind == "agent.stream.chunk":
-            chunk = escape(str(payload.get("chunk", "")))
+            chunk = escape(printable(payload.get("chunk", ""), lines=True))
             if self.indent:  # a nested run's text stays inside its indentation
                 if not self.in_text:
                     chunk = self.indent + chunk
@@ -97,14 +119,14 @@ class _Trace:
                 self.parents[execution] = str(parent)
                 self.indent = NESTED_INDENT * (self._depth(execution) - 1)
                 call = payload.get("parent_tool_call_id")
-                via = f" for call {escape(str(call))}" if call else ""
-                self.line(f"[bold magenta]┌ nested run {escape(execution)}[/][dim]{via}[/]")
+                via = f" for call {_show(call)}" if call else ""
+                self.line(f"[bold magenta]┌ nested run {_show(execution)}[/][dim]{via}[/]")
             self.indent = NESTED_INDENT * self._depth(execution)
             return
         self.indent = ""
         if execution and execution not in self.runs:
             self.runs.append(execution)
-            self.line(f"[bold reverse] run {len(self.runs)} · {escape(execution)} [/]")
+            self.line(f"[bold reverse] run {len(self.runs)} · {_show(execution)} [/]")
 
     def _depth(self, execution: str) -> int:
         depth, seen = 0, set()
@@ -125,26 +147,26 @@ class _Trace:
                 self.ended.add(self.runs[-1])
 
     def _agent_step_started(self, payload: dict[str, Any]) -> None:
-        actor = f" [magenta]{escape(str(payload['actor']))}[/]" if payload.get("actor") else ""
-        self.line(f"[bold]── step {payload.get('step_number')}[/]{actor}")
+        actor = f" [magenta]{_show(payload['actor'])}[/]" if payload.get("actor") else ""
+        self.line(f"[bold]── step {_show(payload.get('step_number'))}[/]{actor}")
 
     def _agent_tool_started(self, payload: dict[str, Any]) -> None:
         name, args = payload.get("tool_name"), payload.get("args_summary") or ""
-        self.line(f"  [cyan]⚙ {escape(str(name))}[/]({escape(str(args))})")
+        self.line(f"  [cyan]⚙ {_show(name)}[/]({_show(args)})")
 
     def _agent_tool_completed(self, payload: dict[str, Any]) -> None:
-        name, ms = escape(str(payload.get("tool_name"))), _ms(payload.get("duration_ms"))
+        name, ms = _show(payload.get("tool_name")), _ms(payload.get("duration_ms"))
         if payload.get("success"):
-            result = escape(str(payload.get("result_summary") or ""))
+            result = _show(payload.get("result_summary") or "")
             self.line(f"  [green]✓ {name}[/] → {result} [dim]({ms})[/]")
         else:
-            self.line(f"  [red]✗ {name}: {escape(str(payload.get('error')))}[/] [dim]({ms})[/]")
+            self.line(f"  [red]✗ {name}: {_show(payload.get('error'))}[/] [dim]({ms})[/]")
 
     def _agent_step_completed(self, payload: dict[str, Any]) -> None:
         usage = payload.get("usage") or {}
         self.line(
-            f"  [dim]step {payload.get('step_number')} done: "
-            f"{escape(str(payload.get('finish_reason')))}, {usage.get('total', 0)} tokens, "
+            f"  [dim]step {_show(payload.get('step_number'))} done: "
+            f"{_show(payload.get('finish_reason'))}, {_show(usage.get('total', 0))} tokens, "
             f"{_ms(payload.get('duration_ms'))}[/]"
         )
 
@@ -152,21 +174,21 @@ class _Trace:
         verdict = "[green]continue[/]" if payload.get("should_continue") else "[yellow]stop[/]"
         reason = payload.get("stop_reason")
         self.line(
-            f"  [yellow]↳ decision after step {payload.get('step_number')}:[/] {verdict}"
-            f"{f' ({escape(str(reason))})' if reason else ''}, resolved by "
-            f"[bold]{escape(str(payload.get('resolved_by')))}[/]"
+            f"  [yellow]↳ decision after step {_show(payload.get('step_number'))}:[/] {verdict}"
+            f"{f' ({_show(reason)})' if reason else ''}, resolved by "
+            f"[bold]{_show(payload.get('resolved_by'))}[/]"
         )
         for item in payload.get("evaluations") or []:
             self.line(
-                f"    [dim]{escape(str(item.get('criterion')))}: {item.get('decision')} — "
-                f"{escape(str(item.get('reason')))}[/]"
+                f"    [dim]{_show(item.get('criterion'))}: {_show(item.get('decision'))} — "
+                f"{_show(item.get('reason'))}[/]"
             )
 
     def resume(self, resume: Resume) -> None:
         if resume.recovered and resume.after_drop:
             self.line(f"[blue]⟲ reconnected: resumed, {resume.missed} missed events replayed[/]")
         elif not resume.recovered:
-            reason = escape(str(resume.reason or "history not kept"))
+            reason = _show(resume.reason or "history not kept")
             self.line(
                 f"[bold red]⚠ gap: the server could not replay the history ({reason}); "
                 "reloading the stored state[/]"
@@ -179,7 +201,7 @@ class _Trace:
         if view["execution_id"] not in self.ended:  # its end came from the stored state
             self.line(_ending(view["status"], view.get("stop_reason"), view.get("error")))
         if differences is None:
-            self.line(f"[yellow]reconcile: not checked ({escape(note)})[/]")
+            self.line(f"[yellow]reconcile: not checked ({_show(note)})[/]")
         elif not differences:
             self.line("[green]reconcile: in sync with the stored state[/]")
         else:
@@ -187,8 +209,8 @@ class _Trace:
             for item in differences:
                 step = f" (step {item['step']})" if "step" in item else ""
                 self.line(
-                    f"  [red]{escape(item['field'])}{step}: events {escape(item['events'])!s} ≠ "
-                    f"state {escape(item['snapshot'])}[/]"
+                    f"  [red]{_show(item['field'])}{step}: events {_show(item['events'])} ≠ "
+                    f"state {_show(item['snapshot'])}[/]"
                 )
 
 
@@ -198,7 +220,7 @@ def _ending(status: Any, stop_reason: Any, error: Any) -> str:
     detail = str(stop_reason or "")
     if error:
         detail = f"{detail}: {error}" if detail else str(error)
-    return f"[bold {colour}]■ {escape(str(status))}[/]{f' ({escape(detail)})' if detail else ''}"
+    return f"[bold {colour}]■ {_show(status)}[/]{f' ({_show(detail)})' if detail else ''}"
 
 
 async def _follow(
@@ -214,7 +236,7 @@ async def _follow(
     trace = _Trace(console)
 
     def emit(record: dict[str, Any]) -> None:
-        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        out.write(json_line(record) + "\n")
         out.flush()
 
     def on_resume(resume: Resume) -> None:
@@ -227,11 +249,27 @@ async def _follow(
     session = create_session_view(session_id)
     async with watch:
         async for envelope in watch:
-            session = reduce_session(session, envelope, watch.position)
+            try:
+                folded = reduce_session(session, envelope, watch.position)
+            except _UNREADABLE as exc:  # a publisher's field of the wrong type
+                problem = _unreadable(envelope, exc)
+                if as_json:
+                    emit({"position": watch.position, "envelope": envelope, "unreadable": problem})
+                else:
+                    trace.line(
+                        f"[bold red]⚠ skipped an envelope tail cannot read ({_show(problem)})[/]"
+                    )
+                continue
+            session = folded
             if as_json:
                 emit({"position": watch.position, "envelope": envelope})
-            else:
+                continue
+            try:
                 trace.envelope(envelope)
+            except _UNREADABLE as exc:
+                trace.line(
+                    f"[bold red]⚠ cannot show an envelope ({_show(_unreadable(envelope, exc))})[/]"
+                )
     # The run followed: the session's latest (the earlier ones were history).
     view = latest_run(session) or create_run_view(session_id)
     snapshot, note = watch.snapshot, ""
@@ -278,9 +316,9 @@ def tail(
         return asyncio.run(_follow(url, session_id, since, token, key, as_json, stream))
     except WatchError as exc:
         if as_json:
-            stream.write(json.dumps({"type": "tail.error", "error": str(exc)}) + "\n")
+            stream.write(json_line({"type": "tail.error", "error": str(exc)}) + "\n")
         else:
             Console(file=sys.stderr, highlight=False).print(
-                f"[bold red]agent-broadcaster tail: {escape(str(exc))}[/]"
+                f"[bold red]agent-broadcaster tail: {_show(exc)}[/]"
             )
         return EXIT_UNREACHABLE

@@ -86,6 +86,12 @@ def main() -> None:
     help="Session final states an app may store over the HTTP API, per node [10000].",
 )
 @click.option(
+    "--run-list-rate",
+    type=float,
+    help="GET /api/sessions a second per client address, then 429; 0 is off [5].",
+)
+@click.option("--run-list-burst", type=int, help="GET /api/sessions in a row per client [20].")
+@click.option(
     "--redis-read-delay",
     type=float,
     help="Latency budget: when Redis pub/sub reads come faster than this, seconds it is "

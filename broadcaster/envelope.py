@@ -12,7 +12,9 @@ envelopes with it; the server only moves their bytes.
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -20,7 +22,10 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 __all__ = [
+    "EARLIEST_TIMESTAMP",
     "ENVELOPE_TYPES",
+    "LATEST_TIMESTAMP",
+    "MAX_WIRE_INT",
     "ROUTING_PHASES",
     "SCHEMA_FILE",
     "SCHEMA_VERSION",
@@ -48,6 +53,8 @@ __all__ = [
     "parse_envelope",
     "run_usage",
     "utc_timestamp",
+    "wire_int",
+    "wire_safe",
 ]
 
 SCHEMA_VERSION = "1.2.0"
@@ -63,6 +70,69 @@ and shows them apart from the run's tool calls (``routing_phases`` in the run in
 ``routing`` in a step of the kits' ``RunView``, ``CUSTOM agent.routing`` in AG-UI,
 ``data-routing`` in the Vercel AI stream, ``routing <phase>`` spans in OpenTelemetry)."""
 _TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
+
+MAX_WIRE_INT = 2**53 - 1
+"""The largest count or duration an envelope (or a stored state) carries: the largest
+integer JavaScript reads exactly (``Number.MAX_SAFE_INTEGER``). Counts from outside (a
+model's usage, a framework's) are clamped to it where they enter (:func:`wire_int`);
+beyond 64 bits orjson could not even write them, and a run's final status was lost."""
+EARLIEST_TIMESTAMP = "1970-01-01T00:00:00.000Z"
+LATEST_TIMESTAMP = "2554-07-21T23:34:33.709Z"
+"""The range of an envelope's ``timestamp``: what OTLP's unsigned 64-bit nanoseconds
+since 1970 hold (:mod:`agent_core.integrations.otel` exports runs as OTLP)."""
+
+
+def wire_int(value: int) -> int:
+    """``value`` clamped to ``0 ..`` :data:`MAX_WIRE_INT` (a count from outside: a
+    model's token usage, a framework's)."""
+    return min(max(value, 0), MAX_WIRE_INT)
+
+
+def wire_safe(value: Any) -> tuple[Any, list[str]]:
+    """``value`` (JSON-like: dicts, lists, str, numbers) with what JSON cannot carry
+    exactly replaced, and where each replacement is (``messages[3].content``): integers
+    past ``±MAX_WIRE_INT`` clamped, infinite or NaN floats null, lone surrogates (which
+    are not UTF-8) U+FFFD. What could not be encoded as it was (a run's final state or
+    status) is kept this way, and said to be failed because of it."""
+    where: list[str] = []
+
+    def clean(item: Any, path: str) -> Any:
+        if isinstance(item, bool) or item is None:
+            return item
+        if isinstance(item, int):
+            if -MAX_WIRE_INT <= item <= MAX_WIRE_INT:
+                return item
+            where.append(path or "the value")
+            return MAX_WIRE_INT if item > 0 else -MAX_WIRE_INT
+        if isinstance(item, float):
+            if math.isfinite(item):
+                return item
+            where.append(path or "the value")
+            return None
+        if isinstance(item, str):
+            if item.isascii():
+                return item
+            text = item.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+            if text != item:
+                where.append(path or "the value")
+            return text
+        if isinstance(item, Mapping):
+            return {
+                (key := clean(str(k), path)): clean(v, f"{path}.{key}" if path else key)
+                for k, v in item.items()
+            }
+        if isinstance(item, list | tuple):
+            return [clean(v, f"{path}[{i}]") for i, v in enumerate(item)]
+        return item  # orjson's own kinds (datetime, UUID, ...) or its error
+
+    return clean(value, ""), where
+
+
+Count = Annotated[int, Field(ge=0, le=MAX_WIRE_INT)]
+"""A count on the wire: never negative, never past :data:`MAX_WIRE_INT`."""
+StepNumber = Annotated[int, Field(ge=1, le=MAX_WIRE_INT)]
+Millis = Annotated[float, Field(ge=0, le=MAX_WIRE_INT)]
+"""A duration in milliseconds (finite: no infinity, which JSON cannot write)."""
 
 
 def utc_timestamp(moment: datetime | None = None) -> str:
@@ -111,9 +181,9 @@ class _Payload(_Model):
 
 
 class UsagePayload(_Model):
-    prompt: int = Field(default=0, ge=0)
-    completion: int = Field(default=0, ge=0)
-    total: int = Field(default=0, ge=0)
+    prompt: Count = 0
+    completion: Count = 0
+    total: Count = 0
 
 
 def run_usage(steps: list[UsagePayload], reported: UsagePayload | None) -> UsagePayload | None:
@@ -135,7 +205,7 @@ class StatusPayload(_Payload):
     """``agent.status``: the run's overall status changed."""
 
     status: Literal["pending", "in_progress", "completed", "failed"]
-    step_count: int = Field(default=0, ge=0)
+    step_count: Count = 0
     error_message: str | None = None
     last_response: str | None = None
     stop_reason: str | None = None
@@ -149,8 +219,8 @@ class StatusPayload(_Payload):
 class StepStartedPayload(_Payload):
     """``agent.step.started``."""
 
-    step_number: int = Field(ge=1)
-    message_count: int = Field(default=0, ge=0)
+    step_number: StepNumber
+    message_count: Count = 0
     available_tools: list[str] = Field(default_factory=list)
     actor: str | None = Field(
         default=None,
@@ -172,12 +242,12 @@ class ToolCallRef(_Model):
 class StepCompletedPayload(_Payload):
     """``agent.step.completed`` (``continuation`` when the trace is enabled)."""
 
-    step_number: int = Field(ge=1)
+    step_number: StepNumber
     has_tool_calls: bool
-    errors: int = Field(default=0, ge=0)
+    errors: Count = 0
     finish_reason: str | None = None
     usage: UsagePayload = UsagePayload()
-    duration_ms: float = Field(ge=0)
+    duration_ms: Millis
     tool_calls: list[ToolCallRef] = Field(default_factory=list)
     continuation: ContinuationSummary | None = None
 
@@ -188,7 +258,7 @@ class ToolStartedPayload(_Payload):
     tool_name: str = Field(min_length=1)
     tool_call_id: str = Field(min_length=1)
     args_summary: str = ""
-    step_number: int | None = Field(default=None, ge=1)
+    step_number: StepNumber | None = None
     arguments: dict[str, Any] | None = Field(
         default=None,
         description=(
@@ -205,9 +275,9 @@ class ToolCompletedPayload(_Payload):
     tool_call_id: str = Field(min_length=1)
     success: bool
     error: str | None = None
-    duration_ms: float = Field(ge=0)
+    duration_ms: Millis
     result_summary: str | None = None
-    step_number: int | None = Field(default=None, ge=1)
+    step_number: StepNumber | None = None
 
 
 class StreamChunkPayload(_Payload):
@@ -215,9 +285,9 @@ class StreamChunkPayload(_Payload):
 
     chunk: str
     is_complete: bool = False
-    tokens_delta: int = Field(default=0, ge=0)
-    chunk_index: int = Field(default=0, ge=0)
-    step_number: int | None = Field(default=None, ge=1)
+    tokens_delta: Count = 0
+    chunk_index: Count = 0
+    step_number: StepNumber | None = None
 
 
 class ContinuationEvaluationPayload(_Model):
@@ -230,7 +300,7 @@ class ContinuationEvaluationPayload(_Model):
 class ContinuationPayload(_Payload):
     """``agent.continuation``: the full decision for one step (debugging trace)."""
 
-    step_number: int = Field(ge=0)
+    step_number: Count
     should_continue: bool
     stop_reason: str | None = None
     resolved_by: str
@@ -254,6 +324,16 @@ class _Envelope(_Model):
     def _utc_millis(cls, value: str) -> str:
         if not _TIMESTAMP.fullmatch(value):
             raise ValueError(f"timestamp {value!r} is not UTC with milliseconds and Z")
+        try:
+            datetime.fromisoformat(value[:-1])
+        except ValueError:
+            raise ValueError(f"timestamp {value!r} is not a date and time") from None
+        # Same-width ISO texts compare as the moments they name.
+        if not EARLIEST_TIMESTAMP <= value <= LATEST_TIMESTAMP:
+            raise ValueError(
+                f"timestamp {value!r} is out of range: {EARLIEST_TIMESTAMP} to "
+                f"{LATEST_TIMESTAMP} (what OTLP's 64-bit nanoseconds hold)"
+            )
         return value
 
     @property

@@ -4,15 +4,18 @@ Every request is signed (:func:`broadcaster.signing.verify_request`: key, timest
 within 600 s, ``body_md5``, constant-time signature) and bodies are validated by
 :mod:`broadcaster.http_models`. Errors are JSON ``{"error": ..., "status": ...}`` with
 400 (bad request), 401 (authentication), 403 (app disabled), 404 (no such app),
-408 (body too slow, ``body_timeout``), 413 (too large), 422 (not a session state), 429
-(too many stored states) or 503 (the backend is unreachable).
+408 (body too slow, ``body_timeout``), 409 (a state as new or newer is stored), 413 (too
+large), 422 (not a session state), 429 (too many stored states) or 503 (the backend is
+unreachable).
 
 ``PUT .../channels/{channel}/state`` stores the final slim snapshot of the session
 publishing on ``channel`` (``agent.<id>`` or ``private-agent.<id>``) where ``GET
 /api/sessions/{id}/state`` reads it (:mod:`broadcaster.sessions`), for
 :data:`~broadcaster.publishers.STATE_TTL`; so an agent outside the server (a framework
 adapter through :class:`~broadcaster.publishers.PusherHTTPPublisher`) can be reconciled
-on any backend. At most ``max_session_states`` live states per app and node.
+on any backend. At most ``max_session_states`` live states per app and node. A state
+replaces the stored one only when its ``execution.updated_at`` is later (409 otherwise),
+so a replayed PUT (a signed request is valid for 600 s) never moves a state back.
 
 =====  ==============================================  ====================================
 POST   ``/apps/{app_id}/events``                       publish one event on 1-100 channels
@@ -42,8 +45,10 @@ import asyncio
 import contextlib
 import json
 import re
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -59,7 +64,7 @@ from broadcaster.exceptions import ApiError, ProtocolError
 from broadcaster.http_input import BodyReader, BodyRefused, excerpt, read_body
 from broadcaster.http_models import TriggerRequest
 from broadcaster.node import Node
-from broadcaster.publishers import STATE_TTL, BackendStateStore
+from broadcaster.publishers import STATE_TTL, BackendStateStore, state_key
 from broadcaster.sessions import SESSION_ID
 from broadcaster.settings import AppConfig
 from broadcaster.signing import verify_request, verify_sdk_query
@@ -211,11 +216,22 @@ class _Api:
             raise ApiError(
                 422, f"{channel!r} is not a session channel: agent.<id> or private-agent.<id>"
             )
-        http_models.parse_state(body)
-        self._admit_state(app, channel)
-        # Through the store that also indexes the run the snapshot names (its summary
-        # and trace), as a run on the server would be.
-        await BackendStateStore(self.node.backend, app.id, STATE_TTL).save(channel, body)
+        version = http_models.parse_state(body).version
+        backend, owner = self.node.backend, secrets.token_hex(8)
+        # One PUT of a session's state at a time, on every node: the version check and
+        # the store are one step.
+        if not await backend.claim_value(app.id, f"state-put:{channel}", owner, 10):
+            raise ApiError(409, f"a state of {channel!r} is being stored by another request")
+        try:
+            stored = await backend.load_value(app.id, state_key(channel))
+            _check_newer(channel, version, stored)
+            self._admit_state(app, channel)
+            # Through the store that also indexes the run the snapshot names (its
+            # summary and trace), as a run on the server would be.
+            await BackendStateStore(backend, app.id, STATE_TTL).save(channel, body)
+        finally:
+            with contextlib.suppress(BackendUnavailable):
+                await backend.release_value(app.id, f"state-put:{channel}", owner)
         return {}
 
     def _admit_state(self, app: AppConfig, channel: str) -> None:
@@ -503,6 +519,31 @@ def _refused(exc: ApiError) -> Answer:
 def _unavailable(exc: BackendUnavailable) -> Answer:
     status, error = _unavailable_error(exc)
     return Answer(status, _dumps(error))
+
+
+def _check_newer(channel: str, version: datetime, stored: bytes | None) -> None:
+    """Refuse a state that is not newer than the one stored (its ``execution.
+    updated_at``): a replayed or late PUT (a signed request is valid for 600 s) never
+    moves a session's state back.
+
+    Raises:
+        ApiError: 409 saying both versions.
+    """
+    if stored is None:
+        return
+    try:
+        execution = json.loads(stored).get("execution")
+    except (ValueError, AttributeError):
+        return  # not a snapshot: anything replaces it
+    updated = execution.get("updated_at") if isinstance(execution, dict) else None
+    older = http_models.state_version(updated)
+    if older is not None and version <= older:
+        raise ApiError(
+            409,
+            f"the state of {channel!r} stored already is as new or newer (execution."
+            f"updated_at {older.isoformat()}, this one {version.isoformat()}): a state is "
+            "replaced only by a newer one, so a replayed PUT never moves it back",
+        )
 
 
 def _unavailable_error(exc: BackendUnavailable) -> tuple[int, dict[str, object]]:

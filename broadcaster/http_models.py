@@ -11,19 +11,30 @@ names one ``channel``. :func:`parse_trigger` and :func:`parse_batch` return norm
 with what is wrong, 413 when ``data`` is over the app's limit).
 
 ``PUT /apps/{app_id}/channels/{channel}/state`` takes a session's final slim snapshot
-(:func:`parse_state`: 422 when it is not one).
+(:func:`parse_state`: 422 when it is not one, or has no ``execution.updated_at``: its
+version, :func:`state_version`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from datetime import datetime
+from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+)
 
 from broadcaster._text import excerpt
 from broadcaster.channels import validate_channel_name
+from broadcaster.envelope import MAX_WIRE_INT
 from broadcaster.exceptions import ApiError, ProtocolError
 from broadcaster.http_input import validation_details
 from broadcaster.protocol import is_valid_socket_id
@@ -37,6 +48,7 @@ __all__ = [
     "parse_info",
     "parse_state",
     "parse_trigger",
+    "state_version",
 ]
 
 RESERVED_EVENT_PREFIXES = ("pusher:", "pusher_internal:", "broadcaster:")
@@ -129,10 +141,41 @@ def parse_info(text: str | None) -> frozenset[str]:
     return attributes
 
 
+_Count = Annotated[StrictInt, Field(ge=0, le=MAX_WIRE_INT)]
+
+
 class _Usage(BaseModel):
-    prompt: StrictInt = Field(ge=0)
-    completion: StrictInt = Field(ge=0)
-    total: StrictInt = Field(ge=0)
+    prompt: _Count
+    completion: _Count
+    total: _Count
+
+
+def state_version(updated_at: object) -> datetime | None:
+    """The version of a stored state: its ``execution.updated_at`` as an aware moment,
+    or None when it has none that reads as one (ISO 8601 with a zone)."""
+    if not isinstance(updated_at, str) or len(updated_at) > 64:
+        return None
+    try:
+        moment = datetime.fromisoformat(updated_at)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else None
+
+
+class _Execution(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    updated_at: StrictStr
+
+    @field_validator("updated_at")
+    @classmethod
+    def _a_moment(cls, value: str) -> str:
+        if state_version(value) is None:
+            raise ValueError(
+                "must be when the state was stored, ISO 8601 with a zone "
+                "(2026-01-16T10:05:00.123Z): a stored state is replaced only by a newer one"
+            )
+        return value
 
 
 class _Message(BaseModel):
@@ -151,12 +194,19 @@ class SessionState(BaseModel):
 
     agent_id: StrictStr = Field(min_length=1)
     status: Literal["completed", "failed"]
-    step_count: StrictInt = Field(ge=0)
+    step_count: _Count
     usage: _Usage
-    execution: dict[str, Any]
+    execution: _Execution
     messages: list[_Message]
     steps: list[dict[str, Any]]
     metadata: dict[str, Any]
+
+    @property
+    def version(self) -> datetime:
+        """``execution.updated_at``: what must grow from one stored state to the next."""
+        moment = state_version(self.execution.updated_at)
+        assert moment is not None, "validated"
+        return moment
 
 
 def parse_state(body: bytes) -> SessionState:

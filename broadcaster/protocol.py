@@ -25,12 +25,10 @@ Our extensions, which other Pusher servers and pusher-js ignore:
 
 from __future__ import annotations
 
-import fnmatch
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeAlias
-from urllib.parse import urlsplit
 
 import orjson
 
@@ -43,6 +41,7 @@ from broadcaster.channels import (
 )
 from broadcaster.codes import ErrorCode
 from broadcaster.exceptions import ProtocolError
+from broadcaster.origins import origin_allowed
 from broadcaster.publication import (
     Position,
     PresenceMember,
@@ -644,29 +643,18 @@ def new_socket_id() -> str:
 
 def check_origin(app: AppRules, origin: str | None) -> None:
     """Admit a WebSocket connection's ``Origin`` header under the app's
-    ``allowed_origins`` (``*`` admits any, also none).
+    ``allowed_origins`` (``*`` admits any, also none; a pattern, the origins of its
+    scheme, host and port: :func:`broadcaster.origins.origin_allowed`).
 
     Raises:
         ProtocolError: ``UNAUTHORIZED`` (closes), naming the origin and what is allowed.
     """
-    if "*" in app.allowed_origins:
-        return
-    if origin is not None and _origin_allowed(origin, app.allowed_origins):
+    if origin_allowed(origin, app.allowed_origins):
         return
     raise ProtocolError(
         ErrorCode.UNAUTHORIZED,
         f"origin {None if origin is None else excerpt(origin, 100)} is not allowed for "
         f"app {app.id!r}; allowed: " + ", ".join(app.allowed_origins),
-    )
-
-
-def _origin_allowed(origin: str, allowed: Sequence[str]) -> bool:
-    """Whether ``origin`` matches a pattern: a whole origin (``https://a.example``) or a
-    host name, either with ``*`` wildcards (``*.example.com``)."""
-    host = urlsplit(origin).hostname or ""
-    return any(
-        fnmatch.fnmatchcase(origin.lower(), p.lower()) or fnmatch.fnmatchcase(host, p.lower())
-        for p in allowed
     )
 
 

@@ -18,7 +18,6 @@ Where the index lives is the backend's business (:class:`RunIndex`): in memory, 
 
 from __future__ import annotations
 
-import base64
 import logging
 import re
 import time
@@ -29,10 +28,12 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
-from broadcaster.envelope import ROUTING_PHASES
+from broadcaster.envelope import ROUTING_PHASES, wire_int
 from broadcaster.publication import Publication
+from broadcaster.signing import LIST_CURSOR, seal, unseal
 
 __all__ = [
+    "MAX_CURSOR",
     "MAX_QUERY",
     "PREVIEW_CHARS",
     "RUN_INDEX_SIZE",
@@ -191,19 +192,29 @@ class RunIndex(Protocol):
 # -- cursors and filters ------------------------------------------------------------------
 
 
-def encode_cursor(key: tuple[int, str]) -> str:
-    return base64.urlsafe_b64encode(orjson.dumps(list(key))).decode().rstrip("=")
+MAX_CURSOR = 1024
+"""The longest cursor read (ours are at most about 450 characters)."""
+_BAD_CURSOR = "invalid cursor: pass next_cursor from a previous answer, unchanged"
 
 
-def decode_cursor(text: str) -> tuple[int, str]:
-    """Raises ValueError for anything :func:`encode_cursor` did not write."""
+def encode_cursor(key: tuple[int, str], secret: str) -> str:
+    """The list's cursor of index key ``key`` (``(started_ms, member)``), sealed with the
+    app's ``secret`` (:func:`broadcaster.signing.seal`): it names the last run examined,
+    which may be a run the reader cannot see (a private one), so the reader gets it
+    opaque and cannot change it."""
+    return seal(secret, LIST_CURSOR, orjson.dumps(list(key)))
+
+
+def decode_cursor(text: str, secret: str) -> tuple[int, str]:
+    """Raises ValueError for anything :func:`encode_cursor` did not write with ``secret``."""
+    if len(text) > MAX_CURSOR:
+        raise ValueError(f"{_BAD_CURSOR} (this one is over {MAX_CURSOR} characters)")
     try:
-        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-        started, member = orjson.loads(raw)
-    except (ValueError, TypeError, orjson.JSONDecodeError) as exc:
-        raise ValueError("invalid cursor: pass next_cursor from a previous answer") from exc
-    if not isinstance(started, int) or not isinstance(member, str):
-        raise ValueError("invalid cursor: pass next_cursor from a previous answer")
+        started, member = orjson.loads(unseal(secret, LIST_CURSOR, text))
+    except (ValueError, TypeError) as exc:  # orjson.JSONDecodeError is a ValueError
+        raise ValueError(_BAD_CURSOR) from exc
+    if type(started) is not int or not isinstance(member, str):
+        raise ValueError(_BAD_CURSOR)
     return started, member
 
 
@@ -266,6 +277,17 @@ def _clip(text: str | None, limit: int) -> str | None:
     return None if text is None else text[:limit]
 
 
+def _count(value: object) -> int:
+    """A count from an envelope anyone may have published: 0 unless it is a number,
+    clamped to what the summary's JSON carries (:func:`~broadcaster.envelope.wire_int`),
+    so a hostile count cannot keep a run from being indexed."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    if isinstance(value, float):  # NaN is not > 0; infinity is clamped before int()
+        value = int(min(value, 2.0**53)) if value > 0 else 0
+    return wire_int(value)
+
+
 def summarize(base: RunSummary, envelopes: Iterable[dict[str, Any]]) -> RunSummary:
     """``base`` (the start record) with what the run's envelopes say: status, stop
     reason, deciding criterion, steps, tool calls, routing phases, tokens, error.
@@ -292,28 +314,29 @@ def summarize(base: RunSummary, envelopes: Iterable[dict[str, Any]]) -> RunSumma
         if kind == "agent.status":
             status = payload.get("status")
             if status in ("completed", "failed"):
-                usage = payload.get("usage") or {}
+                usage = payload.get("usage")
+                usage = usage if isinstance(usage, dict) else {}
                 run = replace(
                     run,
                     status=status,
                     ended_at=_seconds(envelope.get("timestamp")) or time.time(),
                     stop_reason=payload.get("stop_reason"),
                     error=_clip(payload.get("error_message"), MESSAGE_CHARS),
-                    steps=max(run.steps, int(payload.get("step_count") or 0))
+                    steps=max(run.steps, _count(payload.get("step_count")))
                     if not steps
                     else run.steps,
                     tokens={
-                        "input": int(usage.get("prompt") or 0),
-                        "output": int(usage.get("completion") or 0),
-                        "total": int(usage.get("total") or 0),
+                        "input": _count(usage.get("prompt")),
+                        "output": _count(usage.get("completion")),
+                        "total": _count(usage.get("total")),
                     },
                 )
         elif kind == "agent.step.completed":
-            steps.add(int(payload.get("step_number") or 0))
+            steps.add(_count(payload.get("step_number")))
             usage = payload.get("usage")
             if isinstance(usage, dict):
                 for ours, theirs in names.items():
-                    spent[ours] += int(usage.get(theirs) or 0)
+                    spent[ours] = wire_int(spent[ours] + _count(usage.get(theirs)))
             decision = payload.get("continuation")
             run = replace(run, steps=len(steps))
             if isinstance(decision, dict) and decision.get("resolved_by"):
@@ -344,11 +367,11 @@ def from_snapshot(run: RunSummary, snapshot: Mapping[str, Any]) -> RunSummary:
             run = replace(run, resolved_by=resolved_by)
     count = snapshot.get("step_count")
     if isinstance(count, int) and not isinstance(count, bool) and not run.steps:
-        run = replace(run, steps=count)
+        run = replace(run, steps=_count(count))
     if isinstance(usage, dict):
         names = {"input": "prompt", "output": "completion", "total": "total"}
         tokens = {ours: usage.get(theirs) for ours, theirs in names.items()}
-        counts = {name: n for name, n in tokens.items() if type(n) is int}
+        counts = {name: _count(n) for name, n in tokens.items() if type(n) is int}
         if len(counts) == len(names):
             run = replace(run, tokens=counts)
     return run
@@ -415,7 +438,8 @@ def build_trace(
             trimmed = True  # the channel's history was cut inside this run
     entries = [(None if p.position is None else str(p.position), p.data) for p, _ in mine]
     span = (entries[0][0], entries[-1][0]) if entries else (None, None)
-    size = sum(len(data) for _, data in entries)
+    sizes = [_utf8_size(data) for _, data in entries]
+    size = sum(sizes)
     if size > max_bytes:
         trimmed = True
         keep = [True] * len(entries)
@@ -425,9 +449,14 @@ def build_trace(
                     break
                 if keep[i] and (not pass_chunks or envelope.get("type") == _CHUNK):
                     keep[i] = False
-                    size -= len(entries[i][1])
+                    size -= sizes[i]
         entries = [entry for entry, kept_ in zip(entries, keep, strict=True) if kept_]
     return Trace([envelope for _, envelope in mine], entries, trimmed, *span)
+
+
+def _utf8_size(text: str) -> int:
+    """Bytes of ``text`` in UTF-8: what the bound counts (a character may take four)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 def encode_trace(entries: Sequence[tuple[str | None, str]], trimmed: bool) -> bytes:
@@ -463,6 +492,15 @@ class RunRecorder:
         self._app_id = app_id
         self._ttl = ttl
         self._trace_bytes = trace_bytes
+
+    async def recorded(self, channel: str, execution_id: str) -> bool:
+        """Whether run ``execution_id`` of ``channel`` is in the index (running or
+        ended).
+
+        Raises:
+            BackendUnavailable: the index cannot be read now.
+        """
+        return await self._index.load_run(self._app_id, channel, execution_id) is not None
 
     async def started(
         self,

@@ -38,13 +38,13 @@ from starlette.routing import Route
 
 from broadcaster._text import excerpt
 from broadcaster.backends.base import BackendUnavailable
-from broadcaster.cors import READ_METHODS, Endpoint, cross_origin
+from broadcaster.cors import READ_METHODS, AppOf, Endpoint, cross_origin
 from broadcaster.exceptions import ApiError
+from broadcaster.limits import ClientBuckets, client_address
 from broadcaster.node import Node
 from broadcaster.publishers import state_key
 from broadcaster.run_index import (
     MAX_QUERY,
-    RUN_INDEX_SIZE,
     RunFilter,
     RunIndex,
     build_trace,
@@ -63,6 +63,7 @@ from broadcaster.signing import (
 
 __all__ = [
     "RUN_LIVENESS",
+    "SCAN_BUDGET",
     "SESSION_ID",
     "TRACE_FORMATS",
     "FormatUnavailable",
@@ -195,6 +196,37 @@ def bearer_token(request: Request) -> str | None:
     return request.query_params.get("token")
 
 
+def _listed_app(node: Node, request: Request) -> AppConfig:
+    """The app whose runs ``GET /api/sessions`` lists: the first one, or the one named
+    by ``?app_key=`` (or, signed, ``auth_key``). Another app named by ``?app_id=`` alone
+    is refused: its runs are listed only to whoever has its key, as its channels are
+    read (the key is in its own pages, not guessable like a small app id).
+
+    Raises:
+        SessionRefused: 404 unknown key, 403 another app without its key or a disabled
+            app.
+    """
+    params = request.query_params
+    key = params.get("app_key") or params.get("auth_key")
+    app_id = params.get("app_id")
+    if key is None:
+        if app_id is not None and app_id != node.apps[0].id:
+            raise SessionRefused(
+                403,
+                f"listing the runs of app {excerpt(app_id)} needs its key: add "
+                "app_key=<its key>, or sign the request as the app",
+            )
+        app = node.apps[0]
+    else:
+        found = node.app_by_key(key)
+        if found is None or (app_id is not None and app_id != found.id):
+            raise SessionRefused(404, f"no app with key {excerpt(key)} (and that app_id)")
+        app = found
+    if not app.enabled:
+        raise SessionRefused(403, f"app {excerpt(app.id)} is disabled")
+    return app
+
+
 def request_app(node: Node, request: Request) -> AppConfig:
     """The app named by ``?app_id=`` (default: the first one).
 
@@ -280,11 +312,24 @@ def routes(node: Node) -> list[Route]:
             )
         return Response(snapshot, media_type="application/json")
 
+    settings = node.settings
+    rate, burst = settings.run_list_rate, settings.run_list_burst
+    listing = ClientBuckets(rate, burst) if rate else None
+
     async def sessions(request: Request) -> Response:
+        client = client_address(request)
+        wait = 0.0 if listing is None or client is None else listing.take(client)
+        if wait:
+            retry = max(1, math.ceil(wait))
+            message = (
+                f"too many run list requests from {client}: at most {burst} in a row, then "
+                f"{rate:g} a second (run_list_rate); retry in {retry} s"
+            )
+            return _error(429, message, headers={"Retry-After": str(retry)})
         try:
-            app = request_app(node, request)
+            app = _listed_app(node, request)
             query = _list_query(app, request)
-            body = await _list(node.backend.runs, app.id, query)
+            body = await _list(node.backend.runs, app, query)
         except SessionRefused as exc:
             return _error(exc.status, str(exc))
         except BackendUnavailable as exc:
@@ -365,14 +410,18 @@ def routes(node: Node) -> list[Route]:
         headers = {"Content-Disposition": f'attachment; filename="{name}.json"'}
         return Response(body, media_type="application/json", headers=headers)
 
-    def read(path: str, endpoint: Endpoint) -> Route:
+    def read(path: str, endpoint: Endpoint, app_of: AppOf | None = None) -> Route:
+        app_of = app_of or (lambda request: asked_app(node, request))
         return Route(path, cross_origin(endpoint, app_of), methods=READ_METHODS)
 
-    def app_of(request: Request) -> AppConfig | None:
-        return asked_app(node, request)
+    def listed_app(request: Request) -> AppConfig | None:
+        """The list's app (``app_key``, else as every route: :func:`asked_app`): its
+        ``allowed_origins`` decide who may read the answer."""
+        key = request.query_params.get("app_key") or request.query_params.get("auth_key")
+        return node.app_by_key(key) if key else asked_app(node, request)
 
     return [
-        read("/api/sessions", sessions),
+        read("/api/sessions", sessions, listed_app),
         read("/api/sessions/{session_id}/state", state),
         read("/api/sessions/{session_id}/runs", runs),
         read("/api/sessions/{session_id}/trace", trace),
@@ -410,8 +459,10 @@ exporter turns a run's envelopes (dicts, in order) into a JSON-able document, or
 
 MAX_PAGE = 200
 DEFAULT_PAGE = 50
-SCAN_BUDGET = RUN_INDEX_SIZE
-"""The most index entries one list request reads (filters that match little)."""
+SCAN_BUDGET = 1000
+"""The most index entries one list request reads: a filter that matches little gets a
+partial page and a ``next_cursor`` to go on from (a few milliseconds of the event loop
+per request, not the whole index's 50)."""
 _STATUSES = ("running", "completed", "failed")
 
 
@@ -437,7 +488,7 @@ def _list_query(app: AppConfig, request: Request) -> _ListQuery:
     before = None
     if params.get("cursor"):
         try:
-            before = decode_cursor(params["cursor"])
+            before = decode_cursor(params["cursor"], app.secret)
         except ValueError as exc:
             raise SessionRefused(400, str(exc)) from None
     status = params.get("status") or None
@@ -490,8 +541,9 @@ def _number(params: Mapping[str, str], name: str, kind: type[_N], default: _N | 
     return value
 
 
-async def _list(index: RunIndex, app_id: str, query: _ListQuery) -> bytes:
+async def _list(index: RunIndex, app: AppConfig, query: _ListQuery) -> bytes:
     """One page of the index, newest first: ``{"runs": [...], "next_cursor": ...}``."""
+    app_id = app.id
     found: list[bytes] = []
     key_of_last: tuple[int, str] | None = None
     before, scanned, more = query.before, 0, True
@@ -516,10 +568,10 @@ async def _list(index: RunIndex, app_id: str, query: _ListQuery) -> bytes:
                 key_of_last = (entry.started_ms, entry.member)
         more, before = next_key is not None, next_key
     if len(found) > query.limit:
-        cursor: str | None = None if key_of_last is None else encode_cursor(key_of_last)
+        cursor: str | None = None if key_of_last is None else encode_cursor(key_of_last, app.secret)
         found = found[: query.limit]
     elif more and before is not None:
-        cursor = encode_cursor(before)  # the scan budget ran out: go on from here
+        cursor = encode_cursor(before, app.secret)  # the scan budget ran out: go on from here
     else:
         cursor = None
     return b'{"runs":[' + b",".join(found) + b'],"next_cursor":' + orjson.dumps(cursor) + b"}"
@@ -544,5 +596,5 @@ def _filename(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.\-=@,;]", "_", name)[:200]
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)

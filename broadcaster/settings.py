@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from broadcaster.backends.base import DEFAULT_HISTORY_SIZE, DEFAULT_REDIS_PREFIX
+from broadcaster.origins import parse_origin_pattern
 from broadcaster.proxies import parse_networks
 
 __all__ = ["AppConfig", "Settings", "SettingsError", "load_settings"]
@@ -60,6 +61,14 @@ class AppConfig(BaseModel):
     max_batch_size: Annotated[int, Field(ge=1)] = 10
     max_event_data_size: Annotated[int, Field(ge=1)] = 10_240
     max_event_name_length: Annotated[int, Field(ge=1)] = 200
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origin_patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in value:
+            if pattern != "*":
+                parse_origin_pattern(pattern)  # ValueError: what is wrong with it
+        return value
 
     @property
     def max_frame_size(self) -> int:
@@ -107,6 +116,10 @@ class Settings(BaseSettings):
     # Session final states an app may store over the HTTP API (PUT .../channels/{c}/state)
     # and keep at once, counted per node; each is kept 24 h (429 above it).
     max_session_states: Annotated[int, Field(ge=1, le=10_000_000)] = 10_000
+    # GET /api/sessions per client address (an IPv6 client: its /64): this many a
+    # second after a burst of run_list_burst, then 429 with Retry-After. 0: no limit.
+    run_list_rate: Annotated[float, Field(ge=0, le=10_000)] = 5.0
+    run_list_burst: Annotated[int, Field(ge=1, le=100_000)] = 20
     # Seconds a client has to send a whole request body once its head is in (408).
     body_timeout: Annotated[float, Field(gt=0, le=3600)] = 30.0
     # Seconds a client has to send a whole request head (a WebSocket upgrade request

@@ -34,10 +34,13 @@ of them is ever valid as a Pusher signature or as one of another purpose:
 - :data:`SESSION_TOKEN`: a private session's bearer token, the signature of its id.
 - :data:`STREAM_AUTH`: ``?auth=<app_key>:<signature of the channel>`` opening an HTTP
   stream (SSE, state) of a private channel (:func:`stream_auth`).
+- :data:`LIST_CURSOR`: the run list's ``next_cursor``, sealed (:func:`seal`): opaque to
+  its reader and refused when changed, so it names no run the reader cannot see.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import hmac
@@ -51,6 +54,7 @@ from broadcaster.exceptions import ApiError
 
 __all__ = [
     "AUTH_VERSION",
+    "LIST_CURSOR",
     "MAX_SOCKET_ID_LENGTH",
     "MAX_TIMESTAMP_DIGITS",
     "MAX_TIMESTAMP_SKEW",
@@ -66,12 +70,14 @@ __all__ = [
     "purpose_key",
     "purpose_signature",
     "request_string_to_sign",
+    "seal",
     "sign",
     "sign_channel",
     "sign_request",
     "sign_user",
     "signed_params",
     "stream_auth",
+    "unseal",
     "user_auth",
     "user_string_to_sign",
     "verify_channel_auth",
@@ -92,6 +98,9 @@ SESSION_TOKEN = "session-token"  # noqa: S105 (a purpose label, not a secret)
 """The purpose of a private session's bearer token (:func:`purpose_key`)."""
 STREAM_AUTH = "stream-auth"
 """The purpose of an HTTP stream authorization (:func:`stream_auth`)."""
+LIST_CURSOR = "list-cursor"
+"""The purpose of the run list's cursors (:func:`seal`)."""
+_TAG = 16  # bytes of a sealed text's tag (its synthetic IV)
 
 _SOCKET_ID = re.compile(r"[0-9]+\.[0-9]+")  # ASCII digits: \d would match any script's
 
@@ -237,6 +246,59 @@ def purpose_key(secret: str, purpose: str) -> bytes:
 def purpose_signature(secret: str, purpose: str, text: str) -> str:
     """Hex HMAC-SHA256 of ``text`` under :func:`purpose_key` of ``purpose``."""
     return hmac.new(purpose_key(secret, purpose), text.encode(), hashlib.sha256).hexdigest()
+
+
+def _xor_stream(key: bytes, tag: bytes, data: bytes) -> bytes:
+    """``data`` XOR the key stream of ``tag``: HMAC-SHA256(key, tag || counter) blocks."""
+    blocks = (
+        hmac.new(key, tag + i.to_bytes(4, "big"), hashlib.sha256).digest()
+        for i in range((len(data) + 31) // 32)
+    )
+    stream = b"".join(blocks)[: len(data)]
+    return (int.from_bytes(data) ^ int.from_bytes(stream)).to_bytes(len(data))
+
+
+def _seal_keys(secret: str, purpose: str) -> tuple[bytes, bytes]:
+    key = purpose_key(secret, purpose)
+    mac = hmac.new(key, b"mac", hashlib.sha256).digest()
+    return mac, hmac.new(key, b"enc", hashlib.sha256).digest()
+
+
+def seal(secret: str, purpose: str, data: bytes) -> str:
+    """``data`` encrypted and authenticated under :func:`purpose_key` of ``purpose``, as
+    URL-safe base64: what a client carries back without reading or changing it.
+
+    Deterministic authenticated encryption in the SIV construction (RFC 5297's, with
+    HMAC-SHA256 as its PRF): the tag is the HMAC of ``data`` (16 bytes, under one derived
+    key) and the ciphertext ``data`` XOR HMAC-SHA256 blocks of the tag and a counter
+    (under another). The same ``data`` seals to the same text, so an answer that holds
+    one (the run list's, which has an ETag) stays the same while nothing changes. Built
+    on :mod:`hmac`, as every other signature here, rather than on an AEAD library that
+    would be a dependency for this one value."""
+    mac, enc = _seal_keys(secret, purpose)
+    tag = hmac.new(mac, data, hashlib.sha256).digest()[:_TAG]
+    hidden = _xor_stream(enc, tag, data)
+    return base64.urlsafe_b64encode(tag + hidden).decode().rstrip("=")
+
+
+def unseal(secret: str, purpose: str, text: str) -> bytes:
+    """The data :func:`seal` sealed into ``text`` under the same secret and purpose.
+
+    Raises:
+        ValueError: ``text`` is not one (changed, made up, or sealed under another key).
+    """
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (ValueError, TypeError) as exc:  # binascii.Error is a ValueError
+        raise ValueError("not a sealed value") from exc
+    if len(raw) < _TAG:
+        raise ValueError("not a sealed value")
+    mac, enc = _seal_keys(secret, purpose)
+    tag, hidden = raw[:_TAG], raw[_TAG:]
+    data = _xor_stream(enc, tag, hidden)
+    if not hmac.compare_digest(hmac.new(mac, data, hashlib.sha256).digest()[:_TAG], tag):
+        raise ValueError("not a sealed value")
+    return data
 
 
 def stream_auth(app_key: str, app_secret: str, channel: str) -> str:

@@ -52,6 +52,10 @@ __all__ = [
     "AgentEventAdapter",
     "EnvelopeEmitter",
     "FinalStateHook",
+    "FinalStateRefused",
+    "encode_final_state",
+    "json_text",
+    "publishable_end",
     "split_text",
     "summarize_args",
     "summarize_result",
@@ -63,7 +67,68 @@ logger = logging.getLogger(__name__)
 
 FinalStateHook = Callable[[AgentState], Awaitable[str | None]]
 """Called with the final state before the final ``agent.status``; stores it and returns
-the URL where it can be fetched (or None)."""
+the URL where it can be fetched (or None). Raises :class:`FinalStateRefused` when the
+state could not be stored as it was: the run then ends ``failed``."""
+
+_ENDS = ("completed", "failed")
+
+
+class FinalStateRefused(Exception):
+    """A final state could not be stored as it was (JSON cannot carry it: an integer
+    past 64 bits, text that is not UTF-8): the run's final status is ``failed`` with
+    this message. ``state_url``: where the failed state stored instead is (None:
+    none)."""
+
+    def __init__(self, message: str, state_url: str | None = None) -> None:
+        super().__init__(message)
+        self.state_url = state_url
+
+
+def _unencodable(what: str, where: list[str], done: str) -> str:
+    places = ", ".join(where[:5]) + (f" and {len(where) - 5} more" if len(where) > 5 else "")
+    return f"the run's final {what} held what JSON cannot carry ({places}): {done}"
+
+
+def encode_final_state(snapshot: dict[str, Any]) -> tuple[bytes, str | None]:
+    """A run's final slim snapshot as it is stored: its JSON and None; or, when JSON
+    cannot carry it (an integer past 64 bits, text that is not UTF-8), the JSON of it
+    ``failed``, those values replaced (:func:`~broadcaster.envelope.wire_safe`), and
+    the reason, which the run's final status then says.
+
+    Raises:
+        TypeError: it holds something that is not JSON-like at all.
+    """
+    try:
+        return orjson.dumps(snapshot), None
+    except (TypeError, ValueError):
+        pass
+    kept, where = env.wire_safe(snapshot)
+    reason = _unencodable("state", where, "stored as failed, those values replaced")
+    kept.update(status="failed", error_message=reason)
+    return orjson.dumps(kept), reason
+
+
+def publishable_end(envelope: env.AgentStatus) -> env.AgentStatus:
+    """A run's final ``agent.status`` as it can be published: itself, or, when JSON
+    cannot carry it (orjson writes no integer past 64 bits and no text that is not
+    UTF-8), ``failed`` saying why, with those values replaced (:func:`~broadcaster.
+    envelope.wire_safe`). Followers must always see a run's end."""
+    try:
+        envelope.to_json()
+        return envelope
+    except (TypeError, ValueError):
+        pass
+    data, where = env.wire_safe(envelope.model_dump(mode="json"))
+    payload = data["payload"]
+    reason = _unencodable("status", where, "published as failed, those values replaced")
+    earlier = payload.get("error_message")
+    payload.update(
+        status="failed",
+        stop_reason="error",
+        error_message=reason if not earlier else f"{earlier}; {reason}",
+    )
+    logger.error("session %s: %s", envelope.session_id, reason)
+    return env.AgentStatus.model_validate(data)
 
 
 @dataclass(frozen=True)
@@ -167,9 +232,24 @@ def _is_pair(text: str, at: int) -> bool:
 
 
 def _bounded(args: Mapping[str, Any], limit: int) -> dict[str, Any] | None:
-    """``args`` as a dict, or None when their JSON is longer than ``limit`` bytes."""
-    size = len(orjson.dumps(args, default=str))
+    """``args`` as a dict, or None when their JSON is longer than ``limit`` bytes or
+    JSON cannot carry them (an integer past 64 bits: a framework's, not bounded)."""
+    try:
+        size = len(orjson.dumps(args, default=str))
+    except TypeError:
+        return None
     return dict(args) if size <= limit else None
+
+
+def json_text(value: Any) -> str:
+    """``value`` as JSON text (``str()`` of what JSON has no form for), even when JSON
+    cannot carry it as it is: then with those values replaced
+    (:func:`~broadcaster.envelope.wire_safe`). For summaries and texts that must not
+    fail on a framework's or tool's data."""
+    try:
+        return orjson.dumps(value, default=str).decode()
+    except TypeError:
+        return orjson.dumps(env.wire_safe(value)[0], default=str).decode()
 
 
 def _clip(text: str, limit: int) -> str:
@@ -187,7 +267,7 @@ def summarize_args(
         elif isinstance(value, str):
             shown = _clip(f"'{value}'", value_length)
         else:
-            shown = _clip(orjson.dumps(value, default=str).decode(), value_length)
+            shown = _clip(json_text(value), value_length)
         parts.append(f"{key}: {shown}")
     if len(args) > max_args:
         parts.append(f"(+{len(args) - max_args} more)")
@@ -198,8 +278,7 @@ def summarize_result(result: Any, length: int = 100) -> str | None:
     """The result as text, cut to ``length`` characters with ``...``."""
     if result is None:
         return None
-    text = result if isinstance(result, str) else orjson.dumps(result, default=str).decode()
-    return _clip(text, length)
+    return _clip(result if isinstance(result, str) else json_text(result), length)
 
 
 class EnvelopeEmitter:
@@ -463,6 +542,8 @@ class EnvelopeEmitter:
             envelope = envelope.model_copy(
                 update={"payload": envelope.payload.model_copy(update=link)}
             )
+        if isinstance(envelope, env.AgentStatus) and envelope.payload.status in _ENDS:
+            envelope = publishable_end(envelope)
         try:
             await self.publisher.broadcast(self.channel, envelope)
         except Exception:
@@ -594,6 +675,7 @@ class AgentEventAdapter(EnvelopeEmitter):
             publisher, session_id, execution_id, options=options, channel=channel, parent=parent
         )
         self._final_state_hook = final_state
+        self._refused: str | None = None  # why the final state was not stored as it was
         self._final: AgentState | None = None
         self._latest: AgentState | None = None
         self._steps: dict[int, list[env.ToolCallRef]] = {}
@@ -688,13 +770,17 @@ class AgentEventAdapter(EnvelopeEmitter):
 
     async def _finished(self, event: ev.ExecutionCompleted | ev.ExecutionFailed) -> None:
         state_url = await self._store_final()
-        failed = isinstance(event, ev.ExecutionFailed)
+        failed = isinstance(event, ev.ExecutionFailed) or self._refused is not None
+        error = event.error_message if isinstance(event, ev.ExecutionFailed) else None
+        stop_reason = None if event.stop_reason is None else event.stop_reason.value
+        if self._refused is not None:
+            error, stop_reason = self._refused, "error"
         payload = env.StatusPayload(
             status="failed" if failed else "completed",
             step_count=event.step_count,
-            error_message=event.error_message if isinstance(event, ev.ExecutionFailed) else None,
+            error_message=error,
             last_response=None if failed else _last_response(event),
-            stop_reason=None if event.stop_reason is None else event.stop_reason.value,
+            stop_reason=stop_reason,
             usage=usage_payload(event.usage),
             state_url=state_url,
         )
@@ -706,6 +792,10 @@ class AgentEventAdapter(EnvelopeEmitter):
             return None
         try:
             return await self._final_state_hook(self._final)
+        except FinalStateRefused as exc:
+            self.failures += 1
+            self._refused = str(exc)
+            return exc.state_url
         except Exception:
             self.failures += 1
             logger.exception("could not store the final state of session %s", self.session_id)

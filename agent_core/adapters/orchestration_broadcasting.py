@@ -130,18 +130,20 @@ class OrchestrationEventAdapter(EnvelopeEmitter):
         self.defer_final = defer_final
         self._final: tuple[oe.ProcessCompleted, env.StatusPayload] | None = None
 
-    async def publish_final(self, state_url: str | None = None) -> bool:
-        """Publish the held final ``agent.status`` (with ``state_url``); False if the
-        execution has not ended (nothing held)."""
+    async def publish_final(self, state_url: str | None = None, failure: str | None = None) -> bool:
+        """Publish the held final ``agent.status`` (with ``state_url``; ``failed`` with
+        ``failure`` as its message when given: its final state could not be stored as it
+        was); False if the execution has not ended (nothing held)."""
         async with self._lock:
             if self._final is None:
                 return False
             event, payload = self._final
             self._final = None
             self.finished = True
-            await self._emit(
-                env.AgentStatus, event, payload.model_copy(update={"state_url": state_url})
-            )
+            update: dict[str, Any] = {"state_url": state_url}
+            if failure is not None:
+                update |= {"status": "failed", "error_message": failure, "stop_reason": "error"}
+            await self._emit(env.AgentStatus, event, payload.model_copy(update=update))
             return True
 
     def install(self, orchestrator: StepByStep[Any, Any]) -> None:

@@ -4,7 +4,6 @@ opens its channel feed before answering."""
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -15,9 +14,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from agent_core.app.runs import RunHandle, RunRefused, RunRequest, SessionBusy
+from agent_core.app.runs import ExecutionTaken, RunHandle, RunRefused, RunRequest, SessionBusy
 from broadcaster import envelope as env
 from broadcaster.backends.base import Backend, BackendUnavailable
+from broadcaster.limits import client_address
 from broadcaster.node import Node
 from broadcaster.publication import Position
 from broadcaster.sessions import SessionClaim, bearer_token, claim_session, release_claim
@@ -91,7 +91,8 @@ async def start_run(
     host: RunHost, request: Request, session_id: str, wanted: RunRequest, kind: str
 ) -> Started | Response:
     """Start ``wanted`` on ``session_id`` for ``request``; the refusal to answer instead:
-    403 (someone else's private session; ``kind`` names it, e.g. "thread"), 409 (busy),
+    403 (someone else's private session; ``kind`` names it, e.g. "thread"), 409 (busy,
+    or an execution id that is already a run of the session),
     429/503 with ``Retry-After`` (limits), 503 (backend down)."""
     try:
         claim = await _claim(host, request, session_id, kind)
@@ -105,30 +106,13 @@ async def start_run(
             raise
     except SessionBusy as exc:
         return json_error(409, str(exc), session_id=exc.session_id)
+    except ExecutionTaken as exc:
+        return json_error(409, str(exc), execution_id=exc.execution_id)
     except RunRefused as exc:  # per-client limits, a full node or queue
         return JSONResponse(exc.answer, status_code=exc.status, headers=exc.headers)
     except (BackendUnavailable, RedisError, OSError) as exc:
         return json_error(503, f"cannot start the run now: {exc}")
     return Started(handle, None if claim is None else claim.token(host.app))
-
-
-def client_address(request: Request) -> str | None:
-    """Who the per-client run limits count: the peer's address, or the one a trusted
-    proxy named (``--trusted-proxies``: the connection guard puts it in the ASGI scope).
-    An IPv6 client counts as its /64: one host is commonly given a whole /64, so
-    counting each address would multiply every limit by as many as it picks."""
-    if request.client is None:
-        return None
-    host = request.client.host
-    if ":" not in host:
-        return host
-    try:
-        address = ipaddress.IPv6Address(host)
-    except ValueError:
-        return host  # not an address (a test client's name, a Unix socket): as it is
-    if address.ipv4_mapped is not None:
-        return str(address.ipv4_mapped)
-    return str(ipaddress.IPv6Network((address, 64), strict=False))
 
 
 async def _claim(

@@ -39,14 +39,18 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from itertools import islice
 from typing import Any, Literal, Protocol
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent_core._time import utc_now
-from agent_core.adapters.broadcasting import AdapterOptions, AgentEventAdapter
+from agent_core.adapters.broadcasting import (
+    AdapterOptions,
+    AgentEventAdapter,
+    FinalStateRefused,
+    encode_final_state,
+)
 from agent_core.adapters.orchestration_broadcasting import (
     OrchestrationEventAdapter,
     publishing_nested_runs,
@@ -69,7 +73,9 @@ from agent_core.state import AgentState, AgentStatus
 from agent_core.tools import Tool
 from broadcaster.backends.base import Backend
 from broadcaster.envelope import channel_for
+from broadcaster.limits import ClientBuckets
 from broadcaster.publishers import BufferedPublisher, Publisher, StateStore, run_recorder
+from broadcaster.run_index import RunRecorder
 
 __all__ = [
     "MAX_WAIT_SECONDS",
@@ -79,6 +85,7 @@ __all__ = [
     "BackendClaims",
     "ClientRateLimit",
     "DriverFactory",
+    "ExecutionTaken",
     "PacedDriver",
     "RouterFactory",
     "RunHandle",
@@ -92,6 +99,7 @@ __all__ = [
     "SessionClaims",
     "TooManyRuns",
     "ToolsFactory",
+    "check_new_execution",
     "end_abandoned",
     "new_execution_id",
     "new_session_id",
@@ -134,7 +142,8 @@ class RunRequest(BaseModel):
         default=None,
         min_length=1,
         max_length=128,
-        description="the run's id on its envelopes (e.g. AG-UI's runId); default: x-<hex>",
+        description="the run's id on its envelopes (e.g. AG-UI's runId); default: x-<hex>; "
+        "an id that is already a run of the session is refused (409)",
     )
     max_steps: int | None = Field(
         default=None,
@@ -215,6 +224,37 @@ class SessionBusy(Exception):
         self.session_id = session_id
 
 
+class ExecutionTaken(Exception):
+    """A run start named an execution id (``POST /run``'s ``execution_id``, AG-UI's
+    ``runId``) that is already a run of its session: a second run under it would
+    rewrite the first's record (its index row, its trace). 409."""
+
+    def __init__(self, session_id: str, execution_id: str) -> None:
+        super().__init__(
+            f"execution id {execution_id!r} is already a run of session {session_id!r}: a "
+            "new run needs a new execution id (leave it out and the server assigns one)"
+        )
+        self.session_id = session_id
+        self.execution_id = execution_id
+
+
+async def check_new_execution(
+    runs: RunRecorder | None, session_id: str, channel: str, execution_id: str | None
+) -> None:
+    """Refuse an execution id a client chose that names a run recorded on the session
+    (in ``runs``, the run index): the client may name its new run, never take over one.
+    Called once the session is claimed, so no other run of it can start meanwhile.
+
+    Raises:
+        ExecutionTaken: it does.
+        broadcaster.backends.BackendUnavailable: the index cannot be read now.
+    """
+    if execution_id is None or runs is None:
+        return
+    if await runs.recorded(channel, execution_id):
+        raise ExecutionTaken(session_id, execution_id)
+
+
 class RunRefused(Exception):
     """No run was started, for a reason that passes: retry after ``retry_after``
     seconds (whole, at least 1; the ``Retry-After`` header). ``status`` is the HTTP
@@ -257,74 +297,38 @@ the next run at once, and must not be told the session is busy."""
 predicted)."""
 
 
-@dataclass
-class ClientRateLimit:
+class ClientRateLimit(ClientBuckets):
     """Runs a client may start: ``burst`` at once, then ``per_minute`` (a token bucket
-    per client). Remembers at most ``max_clients`` clients: full buckets are forgotten
-    first (they are the same as none), then the least recently used.
+    per client, :class:`broadcaster.limits.ClientBuckets`).
 
     Raises:
         ValueError: for a non-positive rate or burst.
     """
 
-    per_minute: float
-    burst: int
-    max_clients: int = 10_000
-    clock: Callable[[], float] = time.monotonic
-    _buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
+    def __init__(
+        self,
+        per_minute: float,
+        burst: int,
+        max_clients: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(per_minute / 60, burst, max_clients, clock)
+        self.per_minute = per_minute
 
-    def __post_init__(self) -> None:
-        if not (self.per_minute > 0 and self.burst >= 1 and self.max_clients >= 1):
-            raise ValueError(
-                "need per_minute > 0, burst >= 1 and max_clients >= 1, got "
-                f"{self.per_minute!r}, {self.burst!r} and {self.max_clients!r}"
-            )
-
-    def __len__(self) -> int:
-        return len(self._buckets)
-
-    def take(self, client: str) -> None:
-        """Spend one run of ``client``'s allowance.
+    def take(self, client: str) -> float:
+        """Spend one run of ``client``'s allowance; 0.0.
 
         Raises:
             TooManyRuns: none is left; ``retry_after`` says when one will be.
         """
-        now = self.clock()
-        tokens = self._tokens(client, now)
-        if tokens < 1:
-            wait = (1 - tokens) * 60 / self.per_minute
+        wait = super().take(client)
+        if wait:
             raise TooManyRuns(
                 f"too many runs from {client}: at most {self.burst} in a row, then "
                 f"{self.per_minute:g} a minute; retry in {math.ceil(wait)} s",
                 wait,
             )
-        self._buckets.pop(client, None)  # re-inserted last: least recently used first
-        self._buckets[client] = (tokens - 1, now)
-        if len(self._buckets) > self.max_clients:
-            self._forget(now)
-
-    def refund(self, client: str) -> None:
-        """Give back a run taken by :meth:`take` that did not start."""
-        found = self._buckets.get(client)
-        if found is not None:
-            self._buckets[client] = (min(found[0] + 1, float(self.burst)), found[1])
-
-    def _tokens(self, client: str, now: float) -> float:
-        found = self._buckets.get(client)
-        if found is None:
-            return float(self.burst)
-        tokens, stamp = found
-        return min(float(self.burst), tokens + (now - stamp) * self.per_minute / 60)
-
-    def _forget(self, now: float) -> None:
-        for client in [c for c in self._buckets if self._tokens(c, now) >= self.burst]:
-            del self._buckets[client]
-        if len(self._buckets) > self.max_clients:
-            # Down to 90%, so that this scan runs at most once per max_clients/10 takes.
-            for client in list(
-                islice(self._buckets, len(self._buckets) - self.max_clients * 9 // 10)
-            ):
-                del self._buckets[client]
+        return wait
 
 
 def run_claim(session_id: str) -> str:
@@ -458,6 +462,8 @@ class RunManager:
 
         Raises:
             SessionBusy: the session already has a run (on any node, with ``claims``).
+            ExecutionTaken: the request's ``execution_id`` is a recorded run of the
+                session.
             RunsFull: this node runs ``max_runs`` runs already.
             TooManyRuns: ``client`` has ``client_runs`` runs going, or started runs too
                 fast.
@@ -477,7 +483,7 @@ class RunManager:
         self._count(client, 1)
         owner = secrets.token_hex(8)
         try:
-            position = await self._claim_and_locate(session_id, owner, channel)
+            position = await self._claim_and_locate(session_id, owner, channel, request)
         except BaseException:
             self._forget(session_id)
             if client is not None and self.client_rate is not None:
@@ -524,11 +530,16 @@ class RunManager:
         if run is not None:
             self._count(run.client, -1)
 
-    async def _claim_and_locate(self, session_id: str, owner: str, channel: str) -> str | None:
-        """Claim the session across nodes, then read the channel's position."""
+    async def _claim_and_locate(
+        self, session_id: str, owner: str, channel: str, request: RunRequest
+    ) -> str | None:
+        """Claim the session across nodes, check the execution id the request chose,
+        then read the channel's position."""
         if self.claims is not None and not await self.claims.claim(session_id, owner, self.lease):
             raise SessionBusy(session_id)
         try:
+            runs = run_recorder(self.state_store)
+            await check_new_execution(runs, session_id, channel, request.execution_id)
             return None if self.position_of is None else await self.position_of(channel)
         except BaseException:
             await self._release(session_id, owner)
@@ -653,6 +664,8 @@ class RunManager:
         state = stopped_state(adapter.latest, reason, utc_now())
         try:
             return await self._store(handle, state)
+        except FinalStateRefused as exc:
+            return exc.state_url
         except Exception:
             logger.exception("cannot store the failed state of session %s", handle.session_id)
             return None
@@ -683,9 +696,17 @@ class RunManager:
         return self._serializer.deserialize(data).with_user_message(text)
 
     async def _store(self, handle: RunHandle, state: AgentState) -> str:
-        snapshot = self._serializer.serialize(state)
-        await self.state_store.save(handle.channel, orjson.dumps(snapshot))
+        """Store ``state`` as the session's final one; where it is.
+
+        Raises:
+            FinalStateRefused: JSON cannot carry it; it was stored ``failed`` instead
+                (:func:`~agent_core.adapters.broadcasting.encode_final_state`).
+        """
+        data, refused = encode_final_state(self._serializer.serialize(state))
+        await self.state_store.save(handle.channel, data)
         self._ending(handle)
+        if refused is not None:
+            raise FinalStateRefused(refused, self.state_url(handle.session_id))
         return self.state_url(handle.session_id)
 
     def _ending(self, handle: RunHandle) -> None:
@@ -723,7 +744,7 @@ class RunManager:
                     state = await router.handle(
                         request.input, handle.session_id, execution_id=handle.execution_id
                     )
-            await adapter.publish_final(await self._store_routed(handle, state, memory.context))
+            await adapter.publish_final(*await self._store_routed(handle, state, memory.context))
         except Exception as exc:
             message = self._failure(handle, exc, deadline)
             if not await adapter.publish_final(None):
@@ -746,18 +767,20 @@ class RunManager:
 
     async def _store_routed(
         self, handle: RunHandle, state: RoutingState, context: SessionContext
-    ) -> str | None:
+    ) -> tuple[str | None, str | None]:
+        """Store a routed run's final state: where it is (None: it was not stored,
+        logged), and why the run failed when it had to be stored ``failed``."""
         capabilities = [r.step.capability for r in state.execution_results()]
         if capabilities:
             self._capabilities[handle.execution_id] = ", ".join(dict.fromkeys(capabilities))
         try:
-            snapshot = _routed_snapshot(state, context)
-            await self.state_store.save(handle.channel, orjson.dumps(snapshot))
+            data, refused = encode_final_state(_routed_snapshot(state, context))
+            await self.state_store.save(handle.channel, data)
             self._ending(handle)
         except Exception:
             logger.exception("could not store the final state of session %s", handle.session_id)
-            return None
-        return self.state_url(handle.session_id)
+            return None, None
+        return self.state_url(handle.session_id), refused
 
 
 _ROUTED = SlimProcessStateSerializer(

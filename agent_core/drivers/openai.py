@@ -46,6 +46,7 @@ import contextlib
 import email.utils
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -69,6 +70,7 @@ from agent_core.drivers.base import (
 )
 from agent_core.errors import ModelError, ModelTimeoutError, RateLimitError
 from agent_core.messages import FinishReason, Message, Role, ToolCall, Usage
+from broadcaster.envelope import MAX_WIRE_INT, wire_safe
 
 __all__ = [
     "ChatStreamAccumulator",
@@ -83,6 +85,45 @@ logger = logging.getLogger(__name__)
 
 _DONE = "[DONE]"
 _SNIPPET = 200  # characters of a bad payload quoted in an error message
+_INT_DIGITS = len(str(MAX_WIRE_INT))
+
+
+class _IntegerTooLarge(ValueError):
+    pass
+
+
+_CHUNK_DIGITS = 100
+
+
+def _chunk_int(text: str) -> int:
+    """A JSON integer of a stream chunk, exact (a tool call's index may be any number;
+    a usage count is clamped by :class:`~agent_core.messages.Usage`), but refused past
+    100 digits: ``int()`` raised ValueError past 4,300 and the run crashed."""
+    if len(text) > _CHUNK_DIGITS:
+        raise _IntegerTooLarge(f"an integer of {len(text)} digits")
+    return int(text)
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+"""A JSON escape of a UTF-16 surrogate: half of a pair, or alone (not UTF-8 at all)."""
+
+
+def _without_lone_surrogates(text: str, value: Any) -> Any:
+    """``value``, parsed from JSON ``text``, with every lone surrogate (an escape like
+    ``\\ud800`` without its pair: a broken or hostile API's) replaced by U+FFFD: no text
+    that UTF-8, and so orjson, the wire and the stored state, cannot carry gets in."""
+    return wire_safe(value)[0] if _SURROGATE_ESCAPE.search(text) else value
+
+
+def _bounded_int(text: str) -> int:
+    """A JSON integer of a tool call's arguments; beyond ``±MAX_WIRE_INT`` refused (a
+    tool must not run with a value other than the model's)."""
+    negative = text.startswith("-")
+    if len(text) - negative <= _INT_DIGITS and abs(value := int(text)) <= MAX_WIRE_INT:
+        return value
+    raise _IntegerTooLarge(f"the integer {text[:30]}{'...' if len(text) > 30 else ''}")
+
+
 _MIB = 1024 * 1024
 _ERROR_BODY_BYTES = 64 * 1024  # read of an error body, which is only quoted
 # orjson refuses to serialize past 255 levels, and arguments are nested a few levels
@@ -307,7 +348,9 @@ def _parse_chunk(data: str) -> _Chunk:
             carries an ``error`` object.
     """
     try:
-        raw = json.loads(data)
+        raw = _without_lone_surrogates(data, json.loads(data, parse_int=_chunk_int))
+    except _IntegerTooLarge as exc:
+        raise ModelError(f"malformed stream chunk: {exc}: {data[:_SNIPPET]!r}") from exc
     except json.JSONDecodeError as exc:
         raise ModelError(
             f"malformed stream chunk: not JSON ({exc.msg} at position {exc.pos}): "
@@ -342,11 +385,16 @@ class _PartialCall:
             raise ModelError(f"streamed tool call #{index} ended without its {missing}")
         text = "".join(self.arguments).strip() or "{}"
         try:
-            arguments = json.loads(text)
+            arguments = _without_lone_surrogates(text, json.loads(text, parse_int=_bounded_int))
         except json.JSONDecodeError as exc:
             raise ModelError(
                 f"the model sent invalid JSON arguments for tool {self.name!r} "
                 f"(call {self.id}): {exc.msg} at position {exc.pos}: {text[:_SNIPPET]!r}"
+            ) from exc
+        except _IntegerTooLarge as exc:
+            raise ModelError(
+                f"the model sent arguments for tool {self.name!r} (call {self.id}) with "
+                f"{exc}, beyond ±{MAX_WIRE_INT} (2**53 - 1, what JSON readers hold exactly)"
             ) from exc
         except RecursionError as exc:
             raise self._too_deep(max_depth) from exc

@@ -27,9 +27,13 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-import orjson
-
-from agent_core.adapters.broadcasting import AdapterOptions, EnvelopeEmitter, summarize_result
+from agent_core.adapters.broadcasting import (
+    AdapterOptions,
+    EnvelopeEmitter,
+    encode_final_state,
+    json_text,
+    summarize_result,
+)
 from agent_core.events import AgentEvent, StreamChunk
 from agent_core.messages import Usage
 from agent_core.slim import OMITTED_TOOL_RESULT, SlimSerializationConfig
@@ -243,7 +247,9 @@ class FrameworkRun(EnvelopeEmitter):
         if step is None:
             return
         self._step = None
-        step.usage = Usage.of(input_tokens, output_tokens)
+        # A framework's counts, as it reports them: bounded here (never negative, never
+        # past what the wire holds exactly), so the run's end can always be published.
+        step.usage = Usage.of(env.wire_int(int(input_tokens)), env.wire_int(int(output_tokens)))
         self.usage = self.usage + step.usage
         step.finish_reason = _finish(finish_reason, bool(step.tool_calls))
         step.duration_ms = (time.monotonic() - step.started) * 1000
@@ -379,11 +385,13 @@ class FrameworkRun(EnvelopeEmitter):
         await self._release(decision)
         last = None
         if output is not None:
-            last = output if isinstance(output, str) else orjson.dumps(output, default=str).decode()
+            last = output if isinstance(output, str) else json_text(output)
             if not self._messages or self._messages[-1].get("content") != last:
                 self._messages.append({"role": "assistant", "content": last, "metadata": {}})
         snapshot = self.snapshot(status, error)
-        state_url = await self._store(snapshot)
+        state_url, refused = await self._store(snapshot)
+        if refused is not None:  # stored failed, saying why: the status says it too
+            status, error, stop_reason = "failed", refused, "error"
         payload = env.StatusPayload(
             status="failed" if status == "failed" else "completed",
             step_count=len(self._steps),
@@ -423,16 +431,19 @@ class FrameworkRun(EnvelopeEmitter):
                 self.flush_timeout,
             )
 
-    async def _store(self, snapshot: dict[str, Any]) -> str | None:
+    async def _store(self, snapshot: dict[str, Any]) -> tuple[str | None, str | None]:
+        """Store the final ``snapshot``: where it is (None: not stored), and why the run
+        failed when JSON could not carry it and it was stored ``failed`` instead."""
         if self.state_store is None:
-            return None
+            return None, None
         try:
-            await self.state_store.save(self.channel, orjson.dumps(snapshot))
+            data, refused = encode_final_state(snapshot)
+            await self.state_store.save(self.channel, data)
         except Exception:
             self.failures += 1
             logger.exception("could not store the final state of session %s", self.session_id)
-            return None
-        return self.state_url(self.session_id)
+            return None, None
+        return self.state_url(self.session_id), refused
 
     def _mark(self, step_number: int | None = None) -> _Mark:
         number = self.step_number if step_number is None else step_number
@@ -574,7 +585,7 @@ def _slim_message(message: dict[str, Any], config: SlimSerializationConfig) -> d
 def _slim_call(call: dict[str, Any], config: SlimSerializationConfig) -> dict[str, Any]:
     if config.redact_tool_args or "arguments" not in call:
         return {"id": call["id"], "name": call["name"]}
-    text = orjson.dumps(call["arguments"], default=str).decode()
+    text = json_text(call["arguments"])
     if len(text) > config.max_content_length:
         return {"id": call["id"], "name": call["name"], "arguments_clipped": _clip(text, config)}
     return dict(call)

@@ -13,6 +13,8 @@ from pydantic import ValidationError
 
 from broadcaster.envelope import (
     ENVELOPE_TYPES,
+    LATEST_TIMESTAMP,
+    MAX_WIRE_INT,
     SCHEMA_FILE,
     AgentStatus,
     StatusPayload,
@@ -21,6 +23,8 @@ from broadcaster.envelope import (
     parse_envelope,
     run_usage,
     utc_timestamp,
+    wire_int,
+    wire_safe,
 )
 from tests.support.processes import REPO
 
@@ -132,3 +136,67 @@ def test_a_runs_usage_is_its_steps_sum_else_what_its_final_status_reported() -> 
     # A framework that reports usage at the end only: its final status's.
     assert run_usage([UsagePayload()], session) == session
     assert run_usage([], None) is None
+
+
+# -- hostile numbers (issue 44) --------------------------------------------------------
+
+
+OUT_OF_RANGE = ["1969-12-31T23:59:59.999Z", "2554-07-21T23:34:33.710Z", "9999-12-31T23:59:59.999Z"]
+NOT_A_DATE = ["0000-01-01T00:00:00.000Z", "2026-13-45T10:05:00.000Z", "2026-02-30T10:05:00.000Z"]
+
+
+@pytest.mark.parametrize("stamp", [*OUT_OF_RANGE, *NOT_A_DATE])
+def test_timestamps_otlp_cannot_hold_are_refused(stamp: str) -> None:
+    """Before 1970 or past 2554 (unsigned 64-bit nanoseconds), or no date at all: the
+    OTLP export answered 500 for such an envelope."""
+    with pytest.raises(ValidationError, match="timestamp"):
+        parse_envelope({"type": "agent.status", **BASE, "timestamp": stamp, "payload": {}})
+
+
+@pytest.mark.parametrize("stamp", ["1970-01-01T00:00:00.000Z", LATEST_TIMESTAMP])
+def test_the_timestamp_range_is_inclusive(stamp: str) -> None:
+    payload = {"status": "in_progress"}
+    parse_envelope({"type": "agent.status", **BASE, "timestamp": stamp, "payload": payload})
+
+
+@pytest.mark.parametrize(
+    ("kind", "field"),
+    [
+        ("agent.status", "step_count"),
+        ("agent.step.started", "message_count"),
+        ("agent.step.completed", "duration_ms"),
+        ("agent.tool.completed", "duration_ms"),
+        ("agent.stream.chunk", "tokens_delta"),
+        ("agent.continuation", "step_number"),
+    ],
+)
+def test_counts_and_durations_past_what_javascript_holds_exactly_are_refused(
+    kind: str, field: str
+) -> None:
+    envelope = {"type": kind, **BASE, "payload": {**PAYLOADS[kind], field: MAX_WIRE_INT}}
+    parse_envelope(envelope)
+    envelope["payload"][field] = MAX_WIRE_INT + 1
+    with pytest.raises(ValidationError, match=field):
+        parse_envelope(envelope)
+    if field == "duration_ms":
+        envelope["payload"][field] = float("inf")  # orjson writes null: not a duration
+        with pytest.raises(ValidationError, match=field):
+            parse_envelope(envelope)
+
+
+def test_usage_past_the_bound_is_refused_and_wire_int_clamps() -> None:
+    payload = {**PAYLOADS["agent.step.completed"], "usage": {"prompt": 10**20}}
+    with pytest.raises(ValidationError, match="prompt"):
+        parse_envelope({"type": "agent.step.completed", **BASE, "payload": payload})
+    assert MAX_WIRE_INT == 2**53 - 1
+    assert [wire_int(n) for n in (-5, 0, 7, 10**20)] == [0, 0, 7, MAX_WIRE_INT]
+    assert "maximum" in json.dumps(json_schema())
+
+
+def test_wire_safe_replaces_what_json_cannot_carry_and_says_where() -> None:
+    value = {"a": [1, 10**20, -(10**20)], "t": "ok \ud800", "f": float("nan"), "b": True}
+    kept, where = wire_safe(value)
+    assert kept == {"a": [1, MAX_WIRE_INT, -MAX_WIRE_INT], "t": "ok \ufffd", "f": None, "b": True}
+    assert where == ["a[1]", "a[2]", "t", "f"]
+    orjson.dumps(kept)
+    assert wire_safe({"x": [1, "é"]}) == ({"x": [1, "é"]}, [])

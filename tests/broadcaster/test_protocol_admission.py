@@ -88,6 +88,22 @@ def test_other_origins_are_refused_with_4009(origin: str | None) -> None:
     assert "allowed: https://app.example, *.trusted.example" in exc.message
 
 
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "https://evil.com/.partner.example",
+        "http://a.partner.example",
+        "https://a.partner.example:8443",
+    ],
+)
+def test_an_origin_pattern_is_matched_as_scheme_host_and_port(origin: str) -> None:
+    """``*.partner.example`` was matched with fnmatch against the whole Origin and its
+    host: it admitted a path that ends like it, ``http://`` and any port."""
+    partner = AppConfig(id="5", key="k5", secret="s", allowed_origins=("*.partner.example",))
+    check_origin(partner, "https://a.partner.example")
+    assert _refused(check_origin, partner, origin).code == ErrorCode.UNAUTHORIZED
+
+
 def test_the_channel_limit_admits_up_to_the_limit_and_refuses_beyond() -> None:
     check_channel_limit(STRICT, 1, "a")
     exc = _refused(check_channel_limit, STRICT, 2, "c")

@@ -4,6 +4,7 @@ against the same cases, and the hub attaching and detaching them. No sockets."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 from collections.abc import Callable
@@ -89,6 +90,15 @@ class Case:
             ConnectionState.OPEN,
         )
         self.table.routes[NAME] = self.route
+
+    @staticmethod
+    def arguments() -> list[Any]:
+        """Valid arguments of another route (a re-initialisation's)."""
+        return [None, NAME, Conn(), RecordingSocket(), b"h", b"e", 0, 1, ConnectionState.OPEN]
+
+    def payload(self) -> bytes:
+        """The next publication's payload."""
+        return route_head(APP.id, CH) + b'5 e1 -\n{"event":"step"}'
 
     def push(
         self, offset: bytes = b"5", epoch: bytes = b"e1", exclude: bytes = b"-", **kw: Any
@@ -376,3 +386,89 @@ async def test_a_closed_connection_is_never_written_by_its_route(routed: str) ->
     node.publish(2)
     await asyncio.sleep(0)
     assert len(raw.written) == written
+
+
+# -- any caller: the same refusals from both definitions ------------------------------
+
+
+def test_an_uninitialised_route_is_refused_with_type_error(kind: str) -> None:
+    """``Route.__new__(Route)`` has no fields: the compiled deliver read them (a crash)."""
+    route_class, deliver = implementation(kind)
+    table = {NAME: route_class.__new__(route_class)}
+    with pytest.raises(TypeError, match="uninitialised Route"):
+        deliver(table, [b"message", NAME, route_head(APP.id, CH) + b"5 e1 -\n{}"])
+
+
+REFUSED: dict[str, tuple[Callable[[Case], object], type[Exception] | None]] = {
+    "a tuple reply": (
+        lambda c: c.deliver(c.table.routes, (b"message", NAME, c.payload())),
+        TypeError,
+    ),
+    "a table that is not a dict": (
+        lambda c: c.deliver(list(c.table.routes.items()), [b"message", NAME, c.payload()]),
+        TypeError,
+    ),
+    "a table entry that is not a Route": (
+        lambda c: c.deliver({NAME: "a route"}, [b"message", NAME, c.payload()]),
+        TypeError,
+    ),
+    "a bytearray payload": (
+        lambda c: c.deliver(c.table.routes, [b"message", NAME, bytearray(c.payload())]),
+        None,
+    ),
+    "a memoryview payload": (
+        lambda c: c.deliver(c.table.routes, [b"message", NAME, memoryview(c.payload())]),
+        None,
+    ),
+    "a bytearray name": (
+        lambda c: c.deliver(c.table.routes, [b"message", bytearray(NAME), c.payload()]),
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("why", list(REFUSED))
+def test_input_of_another_type_is_refused_or_declined_alike(kind: str, why: str) -> None:
+    """TypeError for the caller's containers and table entries; a reply element of
+    another type is declined (the full path takes it). Before, the Python definition
+    delivered a tuple reply or a bytearray payload that the compiled one declined."""
+    case = Case(kind)
+    call, error = REFUSED[why]
+    if error is None:
+        assert call(case) is False
+    else:
+        with pytest.raises(error):
+            call(case)
+    assert case.raw.written == b""
+    assert case.route.offset == 4
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        (lambda r: setattr(r, "head", b"x"), AttributeError),
+        (lambda r: setattr(r, "offset", "5"), TypeError),
+        (lambda r: setattr(r, "offset", -1), ValueError),
+        (lambda r: setattr(r, "offset", 1 << 63), ValueError),
+        (lambda r: r.__init__(*Case.arguments()), TypeError),
+        (lambda r: type("Sub", (type(r),), {}), TypeError),
+        (lambda r: copy.copy(r), TypeError),
+    ],
+    ids=[
+        "a field",
+        "a str offset",
+        "a negative offset",
+        "an offset past 63 bits",
+        "re-init",
+        "a subclass",
+        "a copy",
+    ],
+)
+def test_a_route_is_made_once_and_only_its_offset_moves(
+    kind: str, change: Callable[[Any], object], error: type[Exception]
+) -> None:
+    case = Case(kind)
+    with pytest.raises(error):
+        change(case.route)
+    assert case.push()
+    assert case.route.offset == 5

@@ -407,3 +407,42 @@ def test_the_raw_query_check_accepts_exactly_the_valid_sdk_shaped_requests(
         valid = False
     fast = verify_sdk_query(app, "POST", "/apps/3/events", query, body, now)
     assert fast == (valid and sdk_shaped)
+
+
+# -- sealed values (the run list's cursors) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data", [b"", b"x", b'[1795887598434,"private-agent.s\\nx-1"]', bytes(300)]
+)
+def test_a_sealed_value_opens_with_its_key_and_purpose_only(data: bytes) -> None:
+    from broadcaster.signing import LIST_CURSOR, seal, unseal
+
+    text = seal("secret", LIST_CURSOR, data)
+    assert unseal("secret", LIST_CURSOR, text) == data
+    assert seal("secret", LIST_CURSOR, data) == text, "deterministic: an ETag stays"
+    for secret, purpose in (("other", LIST_CURSOR), ("secret", STREAM_AUTH)):
+        with pytest.raises(ValueError, match="not a sealed value"):
+            unseal(secret, purpose, text)
+
+
+def test_a_sealed_value_hides_its_data_and_refuses_any_change() -> None:
+    import base64
+
+    from broadcaster.signing import LIST_CURSOR, seal, unseal
+
+    data = b'[1795887598434,"private-agent.s-secret\\nx-1"]'
+    text = seal("secret", LIST_CURSOR, data)
+    raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    assert b"private" not in raw
+    assert b"secret" not in raw
+    for i in range(len(raw)):  # every single bit flipped anywhere is refused
+        for bit in (1, 128):
+            changed = bytearray(raw)
+            changed[i] ^= bit
+            forged = base64.urlsafe_b64encode(bytes(changed)).decode().rstrip("=")
+            with pytest.raises(ValueError, match="not a sealed value"):
+                unseal("secret", LIST_CURSOR, forged)
+    for junk in ("", "A", "%%%", "AAAA" * 3):
+        with pytest.raises(ValueError, match="not a sealed value"):
+            unseal("secret", LIST_CURSOR, junk)

@@ -17,6 +17,7 @@ from starlette.requests import Request
 from agent_core.app._streams import client_address
 from agent_core.app.demo import DemoSettings, _Demo
 from agent_core.app.runs import ClientRateLimit, RunManager, TooManyRuns
+from tests.support.factories import Seconds
 from tests.support.live import Client, LiveServer, StartServer
 from tests.support.processes import RedisServer
 from tests.support.reliability import own_rss, report
@@ -44,16 +45,8 @@ def demo_of(live: LiveServer) -> _Demo:
 # -- the token bucket, without a server -----------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_client_gets_its_burst_then_its_rate() -> None:
-    clock = Clock()
+    clock = Seconds()
     limit = ClientRateLimit(per_minute=6, burst=2, clock=clock)
     limit.take("a")
     limit.take("a")
@@ -93,14 +86,14 @@ def test_a_slash_64_shares_one_allowance() -> None:
 
 
 def test_a_refund_gives_the_run_back() -> None:
-    limit = ClientRateLimit(per_minute=1, burst=1, clock=Clock())
+    limit = ClientRateLimit(per_minute=1, burst=1, clock=Seconds())
     limit.take("a")
     limit.refund("a")
     limit.take("a")
 
 
 def test_the_rate_limit_remembers_a_bounded_number_of_clients() -> None:
-    clock = Clock()
+    clock = Seconds()
     limit = ClientRateLimit(per_minute=60, burst=5, max_clients=100, clock=clock)
     for n in range(1000):
         limit.take(f"10.0.{n // 256}.{n % 256}")
@@ -113,7 +106,7 @@ def test_the_rate_limit_remembers_a_bounded_number_of_clients() -> None:
 
 @pytest.mark.parametrize(("rate", "burst"), [(0, 1), (1, 0)])
 def test_a_rate_limit_needs_a_positive_rate_and_burst(rate: float, burst: int) -> None:
-    with pytest.raises(ValueError, match="need per_minute > 0"):
+    with pytest.raises(ValueError, match="need a rate > 0"):
         ClientRateLimit(per_minute=rate, burst=burst)
 
 

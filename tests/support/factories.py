@@ -52,6 +52,17 @@ class ManualClock:
         self.now += timedelta(seconds=seconds)
 
 
+class Seconds:
+    """A monotonic clock in seconds (``time.monotonic``'s stand-in) that only moves when
+    the test sets ``now``."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def ids() -> Iterator[str]:
     n = 0
     while True:

@@ -19,6 +19,7 @@ from agent_core.app.runs import (
     RunsFull,
     SessionBusy,
     TooManyRuns,
+    check_new_execution,
     new_execution_id,
     new_session_id,
     resolve_mode,
@@ -38,6 +39,7 @@ from agent_core.app.worker.reaper import Reaper
 from broadcaster.backends.clients import RedisClient
 from broadcaster.backends.redis import DEFAULT_PREFIX
 from broadcaster.envelope import channel_for
+from broadcaster.publishers import RedisStateStore
 
 __all__ = ["RunQueue"]
 
@@ -79,6 +81,7 @@ class RunQueue:
     def __post_init__(self) -> None:
         self._keys = _Keys(self.prefix, self.app_id)
         self.reaper = Reaper(self.redis, self.app_id, self.prefix, self.state_ttl)
+        self._runs = RedisStateStore(self.redis, self.app_id, prefix=self.prefix).runs
 
     def state_url(self, session_id: str) -> str:
         return f"/api/sessions/{session_id}/state"
@@ -95,6 +98,8 @@ class RunQueue:
 
         Raises:
             SessionBusy: another run of the session is queued or running.
+            ExecutionTaken: the request's ``execution_id`` is a recorded run of the
+                session.
             RunsFull: ``queue_max`` runs are waiting already.
             TooManyRuns: ``client`` has ``client_runs`` runs queued or running, or
                 queued runs too fast.
@@ -168,6 +173,7 @@ class RunQueue:
         self, request: RunRequest, session_id: str, run_id: str, client: str | None
     ) -> RunHandle:
         channel = self.channel_for_session(session_id)
+        await check_new_execution(self._runs, session_id, channel, request.execution_id)
         execution_id = request.execution_id or new_execution_id()
         handle = RunHandle(session_id, execution_id, channel, await self.position_of(channel))
         keys = self._keys

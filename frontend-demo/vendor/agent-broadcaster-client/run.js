@@ -33,6 +33,21 @@ export function createRunView(sessionId = null) {
         from_snapshot: false,
     };
 }
+/**
+ * The record's own value at `key`, never an inherited one: a key an envelope chose
+ * ("__proto__", "constructor") reads nothing from Object.prototype.
+ */
+function own(record, key) {
+    return Object.hasOwn(record, key) ? record[key] : undefined;
+}
+/**
+ * Set the record's own property `key` (a data property, whatever the key: assigning
+ * "__proto__" would set the record's prototype instead). Returns `value`.
+ */
+function setOwn(record, key, value) {
+    Object.defineProperty(record, key, { value, writable: true, enumerable: true, configurable: true });
+    return value;
+}
 function zeroUsage() {
     return { prompt: 0, completion: 0, total: 0 };
 }
@@ -225,7 +240,7 @@ function apply(run, envelope, at) {
             const payload = envelope.payload;
             const step = stepOf(run, payload.step_number ?? currentStepNumber(run));
             const index = payload.chunk_index ?? Object.keys(step.chunks).length;
-            step.chunks[String(index)] = payload.chunk;
+            setOwn(step.chunks, String(index), payload.chunk);
             step.text = joinChunks(step.chunks);
             if (payload.is_complete)
                 step.stream_complete = true;
@@ -277,9 +292,10 @@ function foldNested(run, envelope, payload) {
     const target = owner(run, String(payload.parent_execution_id)) ?? run;
     const call = String(payload.parent_tool_call_id ?? "");
     const execution = String(envelope.execution_id ?? "");
+    // Keys an envelope chose: read and set as own properties only (see own, setOwn).
     target.nested ??= {};
-    const runs = (target.nested[call] ??= {});
-    const child = (runs[execution] ??= createRunView(envelope.session_id ?? null));
+    const runs = own(target.nested, call) ?? setOwn(target.nested, call, {});
+    const child = own(runs, execution) ?? setOwn(runs, execution, createRunView(envelope.session_id ?? null));
     const { parent_execution_id: _parent, parent_tool_call_id: _call, ...inner } = payload;
     fold(child, { ...envelope, payload: inner }, null);
 }

@@ -503,3 +503,65 @@ async def test_a_crashing_run_still_ends_with_a_failed_status() -> None:
     assert final.type == "agent.status"
     assert final.payload.status == "failed"  # type: ignore[union-attr]
     assert "the run crashed" in (final.payload.error_message or "")  # type: ignore[union-attr]
+
+
+# -- a run's end is always published (issue 44) --------------------------------------
+
+
+async def test_a_final_status_json_cannot_carry_is_published_failed_saying_why() -> None:
+    """orjson writes no text that is not UTF-8: a model's lone surrogate in the last
+    answer made the final status unpublishable, and followers never saw the end."""
+    envelopes, _, _ = await run(ScriptedDriver([ScriptedResponse(text="a \ud800 b")]))
+    assert envelopes[-1].type == "agent.status"
+    final = envelopes[-1].payload
+    assert final.status == "failed"  # type: ignore[union-attr]
+    assert final.stop_reason == "error"  # type: ignore[union-attr]
+    assert "payload.last_response" in final.error_message  # type: ignore[union-attr]
+    assert final.last_response == "a \ufffd b"  # type: ignore[union-attr]
+    orjson.loads(envelopes[-1].to_json())  # it can be published
+
+
+def test_a_publishable_final_status_is_left_as_it_is() -> None:
+    from agent_core.adapters.broadcasting import publishable_end
+    from broadcaster import envelope as env
+
+    status = env.AgentStatus(
+        session_id="s", execution_id="x", payload=env.StatusPayload(status="completed")
+    )
+    assert publishable_end(status) is status
+
+
+async def test_a_refused_final_state_ends_the_run_failed_with_where_it_stands() -> None:
+    from agent_core.adapters.broadcasting import FinalStateRefused
+
+    async def refusing(state: AgentState) -> str:
+        raise FinalStateRefused("the run's final state held what JSON cannot carry", "/there")
+
+    envelopes, _, adapter = await run(demo_driver(QUESTION), final_state=refusing)
+    final = envelopes[-1].payload
+    assert (final.status, final.stop_reason) == ("failed", "error")  # type: ignore[union-attr]
+    assert final.error_message == "the run's final state held what JSON cannot carry"  # type: ignore[union-attr]
+    assert final.state_url == "/there"  # type: ignore[union-attr]
+    assert adapter.failures == 1
+
+
+def test_a_final_state_json_cannot_carry_is_stored_failed_saying_where() -> None:
+    from agent_core.adapters.broadcasting import encode_final_state
+
+    good = {"status": "completed", "n": 3}
+    assert encode_final_state(good) == (orjson.dumps(good), None)
+    data, reason = encode_final_state(
+        {"status": "completed", "metadata": {"n": 10**20}, "messages": [{"content": "\udfff"}]}
+    )
+    assert reason is not None
+    assert "metadata.n" in reason
+    assert "messages[0].content" in reason
+    stored = orjson.loads(data)
+    assert stored["status"] == "failed"
+    assert stored["error_message"] == reason
+    assert stored["metadata"]["n"] == 2**53 - 1
+
+
+def test_summaries_of_values_json_cannot_carry_do_not_fail() -> None:
+    assert summarize_args({"n": 10**20}) == "n: 9007199254740991"
+    assert summarize_result({"n": -(10**30)}) == '{"n":-9007199254740991}'

@@ -334,3 +334,22 @@ async def test_the_http_publisher_delivers_routing_envelopes(
     assert received[-1]["payload"]["last_response"] == "50 °F"
     steps = [e["payload"]["actor"] for e in received if e["type"] == "agent.step.started"]
     assert steps == ["get_weather", "calculator"]
+
+
+async def test_a_held_final_status_says_failed_when_the_state_was_stored_failed() -> None:
+    """A routed run's final state JSON cannot carry is stored ``failed``
+    (:func:`~agent_core.adapters.broadcasting.encode_final_state`): its held final
+    status then says so, with where the state is."""
+    publisher = RecordingPublisher()
+    scenario = tool_use()
+    adapter = OrchestrationEventAdapter(publisher, "s-1", "x-1", defer_final=True)
+    adapter.install(scenario.orchestrator)
+    await scenario.run("x-1")
+    statuses = [e.payload.status for e in publisher.envelopes() if e.type == "agent.status"]  # type: ignore[union-attr]
+    assert statuses == ["in_progress"], "the final status is held"
+    assert await adapter.publish_final("/api/sessions/s-1/state", failure="it held 10**20")
+    final = publisher.envelopes()[-1].payload
+    assert (final.status, final.stop_reason) == ("failed", "error")  # type: ignore[union-attr]
+    assert final.error_message == "it held 10**20"  # type: ignore[union-attr]
+    assert final.state_url == "/api/sessions/s-1/state"  # type: ignore[union-attr]
+    assert not await adapter.publish_final(), "published once"

@@ -84,3 +84,30 @@ async def test_a_start_during_a_run_is_still_refused_at_once() -> None:
         await manager.start(RunRequest(input="again", session_id="s-busy"))
     assert not publisher.final.is_set()
     await manager.wait("s-busy")
+
+
+async def test_a_final_state_json_cannot_carry_is_stored_failed_and_the_end_says_so() -> None:
+    """A run's end is always published: a final state orjson cannot write (a model's
+    text with a lone surrogate, from a driver that does not clean it) is stored
+    ``failed`` with that text replaced, and the final status says why and where it is
+    (before, the status said completed and the state was missing, 404)."""
+    import orjson
+
+    from agent_core.drivers.scripted import ScriptedDriver, ScriptedResponse
+
+    publisher, store = FinalSeen(), Store()
+    manager = RunManager(
+        publisher=publisher,
+        state_store=store,
+        driver_factory=lambda text: ScriptedDriver([ScriptedResponse(text="half \ud800 a pair")]),
+    )
+    await manager.start(RunRequest(input="hi", session_id="s-bad"))
+    await manager.wait("s-bad")
+    final = publisher.envelopes()[-1].payload
+    assert (final.status, final.stop_reason) == ("failed", "error")  # type: ignore[union-attr]
+    assert "held what JSON cannot carry" in final.error_message  # type: ignore[union-attr]
+    assert final.state_url == "/api/sessions/s-bad/state"  # type: ignore[union-attr]
+    stored = orjson.loads(store.saved["agent.s-bad"])
+    assert stored["status"] == "failed"
+    assert stored["error_message"] == final.error_message  # type: ignore[union-attr]
+    assert "half \ufffd a pair" in [m["content"] for m in stored["messages"]]

@@ -275,6 +275,61 @@ async def test_missing_usage_counts_as_zero(api: FakeChatAPI) -> None:
 
 
 @pytest.mark.io
+@pytest.mark.parametrize("tokens", [str(10**20), str(2**63), "9" * 100])
+async def test_a_usage_past_what_the_wire_holds_is_clamped(api: FakeChatAPI, tokens: str) -> None:
+    """A broken or hostile API's token count must not become an envelope orjson cannot
+    write (the run's end was lost)."""
+    body = json.dumps(chunk(usage={"prompt_tokens": 0, "completion_tokens": 2}))
+    huge = body.replace('"prompt_tokens": 0', f'"prompt_tokens": {tokens}')
+    events, _ = await run(api, Reply(sse(text("x"), chunk(finish="stop"), huge)))
+    assert final(events).usage == Usage(prompt=2**53 - 1, completion=2, total=2**53 - 1)
+
+
+@pytest.mark.io
+async def test_an_integer_of_thousands_of_digits_in_a_chunk_is_a_model_error(
+    api: FakeChatAPI,
+) -> None:
+    """``int()`` refuses past 4,300 digits with ValueError: the run crashed."""
+    body = json.dumps(chunk(usage={"prompt_tokens": 0, "completion_tokens": 2}))
+    huge = body.replace('"prompt_tokens": 0', f'"prompt_tokens": {"9" * 5000}')
+    error = await fail(api, Reply(sse(text("x"), chunk(finish="stop"), huge)))
+    assert "malformed stream chunk: an integer of 5000 digits" in error.message
+
+
+@pytest.mark.io
+async def test_tool_arguments_with_an_integer_past_the_wire_bound_are_refused(
+    api: FakeChatAPI,
+) -> None:
+    """Clamped, a tool would run with another value than the model's: refused, saying so."""
+    reply = Reply(
+        sse(tool(0, id="call_9", name="add", args='{"n": 9007199254740992}'), chunk(finish="stop"))
+    )
+    error = await fail(api, reply)
+    assert "tool 'add' (call call_9) with the integer 9007199254740992" in error.message
+    fine = Reply(sse(tool(0, id="c", name="add", args='{"n": -9007199254740991}'), chunk()))
+    events, _ = await run(api, fine)
+    assert final(events).tool_calls[0].arguments == {"n": -(2**53 - 1)}
+
+
+@pytest.mark.io
+async def test_lone_surrogates_are_replaced_where_they_enter(api: FakeChatAPI) -> None:
+    """A JSON escape of half a surrogate pair is no UTF-8: the driver crashed on it
+    (UnicodeEncodeError), and neither an envelope nor the state could carry it. A whole
+    pair sent as two escapes is one character, kept."""
+    reply = Reply(
+        sse(
+            text("a \ud800 b \ud83d\ude00"),
+            tool(0, id="c", name="echo", args='{"s": "x\\udfff"}'),
+            chunk(finish="tool_calls"),
+        )
+    )
+    events, _ = await run(api, reply)
+    response = final(events)
+    assert response.content == "a \ufffd b \U0001f600"
+    assert response.tool_calls[0].arguments == {"s": "x\ufffd"}
+
+
+@pytest.mark.io
 async def test_text_after_done_is_not_read(api: FakeChatAPI) -> None:
     reply = Reply([*sse(text("a"), chunk(finish="stop")), b"data: not json\n\n"])
     events, _ = await run(api, reply)

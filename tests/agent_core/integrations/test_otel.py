@@ -165,3 +165,23 @@ def test_the_otlp_provider_reads_the_collector_from_the_environment(
         assert provider.resource.attributes["service.name"] == "agents-under-test"
     finally:
         provider.shutdown()
+
+
+@pytest.mark.parametrize(
+    "stamp", ["1969-12-31T23:59:59.999Z", "2600-01-01T00:00:00.000Z", "2026-13-45T10:05:00.000Z"]
+)
+def test_envelopes_whose_time_otlp_cannot_hold_are_left_out_of_the_export(stamp: str) -> None:
+    """Unsigned 64-bit nanoseconds since 1970 end in 2554: such a time (or no date at
+    all) raised, and the trace download answered 500."""
+    from agent_core.integrations.otel import otlp_json
+
+    base = {"session_id": "o-1", "execution_id": "x-1"}
+    good = "2026-01-16T10:05:00.000Z"
+    envelopes = [
+        {**base, "type": "agent.status", "timestamp": good, "payload": {"status": "in_progress"}},
+        {**base, "type": "agent.step.started", "timestamp": stamp, "payload": {"step_number": 1}},
+        {**base, "type": "agent.status", "timestamp": good, "payload": {"status": "completed"}},
+    ]
+    document = otlp_json(envelopes)
+    spans = document["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    assert [span["name"] for span in spans] == ["invoke_agent agent"]

@@ -28,8 +28,12 @@ from broadcaster.client import (
     reduce_run,
     watch_session,
 )
+from broadcaster.envelope import parse_envelope
+from broadcaster.publishers import PusherHTTPPublisher
+from tests.support.hostile import EXECUTION_ID, controls, hostile_run, hostile_state
+from tests.support.live import APP_ID, KEY, SECRET
 from tests.support.processes import REPO, ServerFactory, ServerProcess
-from tests.support.reliability import publish_sync
+from tests.support.reliability import publish, publish_sync
 
 pytestmark = pytest.mark.slow
 
@@ -244,6 +248,86 @@ async def test_tail_json_prints_each_envelope_with_its_position_then_the_result(
     [resume] = result["resumes"]
     assert resume["recovered"]
     assert 1 <= resume["missed"] <= len(envelopes)
+
+
+async def publish_hostile_run(url: str, session_id: str) -> list[dict[str, Any]]:
+    """Publish :func:`hostile_run` on ``session_id`` through the signed HTTP API, with an
+    envelope tail cannot fold among them (its step number is markup, not a number),
+    and store a state that differs in hostile text; returns the valid envelopes."""
+    run = hostile_run(session_id, EXECUTION_ID)
+    channel = f"agent.{session_id}"
+    invalid = {**run[2], "payload": {"step_number": "[link=https://evil.example/]9[/link]"}}
+    async with PusherHTTPPublisher(url, APP_ID, KEY, SECRET, timeout=30) as pusher:
+        for envelope in run[:2]:
+            await pusher.broadcast(channel, parse_envelope(envelope))
+        await pusher.flush(30)
+        async with httpx.AsyncClient(timeout=30) as http:
+            answer = await publish(http, url, channel, "agent.step.started", json.dumps(invalid))
+            assert answer.status_code == 200, answer.text
+        for envelope in run[2:]:
+            await pusher.broadcast(channel, parse_envelope(envelope))
+        await pusher.save(channel, json.dumps(hostile_state(EXECUTION_ID)).encode())
+    return run
+
+
+def tail_bytes(url: str, session_id: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+    """``agent-broadcaster tail`` in a real process: its exit status and the very bytes
+    it wrote."""
+    return subprocess.run(
+        [sys.executable, "-m", "broadcaster", "tail", session_id, "--url", url, *args],
+        cwd=REPO,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def test_tail_shows_escape_sequences_a_run_carries_as_text_never_acts_on_them(
+    demo: ServerProcess,
+) -> None:
+    """Clipboard writes (OSC 52), titles, clear-screen, hyperlinks (OSC 8), C1 controls
+    and rich markup in every field a model, tool or publisher writes, and in the stored
+    state: none reaches the terminal. Before, 21 raw ESC bytes did."""
+    await publish_hostile_run(demo.url, "s-hostile-tail")
+    done = await asyncio.to_thread(tail_bytes, demo.url, "s-hostile-tail")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.count(b"\x1b") == 0
+    text = done.stdout.decode("utf-8")
+    assert controls(text) == []
+    shown = text.replace("\n", "")
+    for visible in (
+        "\\x1b]52;c;ZXZpbA==\\x07",  # shown as escapes, in full
+        "\\x9b31m",
+        "[link=https://evil.example/]markup[/link][bold]",  # markup shown as text
+        "⚠ skipped an envelope tail cannot read ('agent.step.started': TypeError",
+        "reconcile: ",
+        "run 1 · x-\\x1b]0;run\\x07\\x9b2J[link=https://evil.example/]x[/link]",
+        "┌ nested run n-\\x1b]8;;https://evil.example/",
+    ):
+        assert visible in shown, text
+    assert "\nline two" in text  # streamed text keeps its line breaks
+    assert "■ failed" in text
+
+
+async def test_tail_json_escapes_every_control_character_and_keeps_the_text(
+    demo: ServerProcess,
+) -> None:
+    """One JSON object a line with C1 controls, DEL and the line separators escaped as
+    \\uXXXX (json writes them raw): no ESC byte and no control code point, and each
+    line parses back to the very text published."""
+    run = await publish_hostile_run(demo.url, "s-hostile-json")
+    done = await asyncio.to_thread(tail_bytes, demo.url, "s-hostile-json", "--json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.count(b"\x1b") == 0
+    text = done.stdout.decode("utf-8")
+    assert controls(text) == []
+    records = [json.loads(line) for line in text.split("\n") if line]
+    envelopes = [r["envelope"] for r in records if "envelope" in r and "unreadable" not in r]
+    assert envelopes == [parse_envelope(e).model_dump(mode="json") for e in run]
+    [unreadable] = [r for r in records if "unreadable" in r]
+    assert unreadable["unreadable"].startswith("'agent.step.started': TypeError")
+    assert unreadable["envelope"]["payload"]["step_number"].startswith("[link=")
+    assert records[-1]["type"] == "tail.result"
 
 
 async def test_tail_keeps_a_sessions_runs_apart_and_follows_the_latest_to_its_end(

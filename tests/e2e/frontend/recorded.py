@@ -124,7 +124,7 @@ def publish_run(url: str, records: list[Record], input_text: str = "") -> dict[s
         "status": final.get("status", "completed"),
         "step_count": final.get("step_count", 0),
         "usage": final.get("usage") or {"prompt": 0, "completion": 0, "total": 0},
-        "execution": {},
+        "execution": {"updated_at": records[-1]["envelope"]["timestamp"]},
         "steps": [],
         "error_message": final.get("error_message"),
         "messages": [{"role": "user", "content": input_text, "metadata": {}}],

@@ -577,6 +577,45 @@ def test_model_and_tool_text_is_shown_as_text_never_as_html(
     assert page.evaluate("window.__xss") is None
 
 
+SHARED_OBJECTS = """() => Object.fromEntries(
+  [["Object", Object], ["Object.prototype", Object.prototype], ["Function", Function],
+   ["Function.prototype", Function.prototype], ["Array.prototype", Array.prototype]]
+  .map(([name, object]) => [name, Object.getOwnPropertyNames(object).sort().join(",")]))"""
+
+
+@pytest.mark.parametrize("key", ["__proto__", "constructor", "prototype"])
+def test_prototype_keys_in_a_nested_run_set_nothing_on_the_pages_objects(
+    page: Page, demo: ServerProcess, key: str
+) -> None:
+    """The golden routed run with its capability call, the nested run's execution id and
+    the inner tool calls all named ``key``: the run page and the live dashboard (the
+    kit's reducer, vendored) show it and leave Object.prototype and the other shared
+    objects as they were. Before, ``__proto__`` set properties on Object.prototype."""
+    records, _ = golden_records("routed-nested")
+    session = f"s-proto-{key.strip('_')}"
+    text = json.dumps(renamed(records, session))
+    for name in ("cap_c9df1bfa-7bf9-4ee6-a3fe-173b44e47055", "x-0cc87a0432da4967"):
+        text = text.replace(name, key)
+    text = text.replace("call_weather_1", key).replace("call_calc_1", key)
+    text = text.replace("x-ad8563b4ee99e820", f"x-{uuid.uuid4().hex[:16]}")
+    publish_run(demo.url, json.loads(text), "What is the weather in Oslo? And 3*7?")
+    page.add_init_script(f"window.__sharedBefore = ({SHARED_OBJECTS})();")
+    open_run(page, demo, session)
+    expect(page.locator(f'#waterfall li[data-kind="step"][data-nested="{key}"]')).to_have_count(3)
+    assert page.evaluate(SHARED_OBJECTS) == page.evaluate("window.__sharedBefore")
+    assert page.evaluate("({}).status === undefined && ({}).steps === undefined")
+    page.goto(f"{demo.url}/#session={session}")
+    expect(page.get_by_role("status", name="Connection")).to_contain_text(
+        re.compile(r"history replayed"), timeout=WAIT_MS
+    )
+    expect(page.locator("#status-badge")).to_have_attribute(
+        "data-status", "completed", timeout=WAIT_MS
+    )
+    assert page.evaluate(SHARED_OBJECTS) == page.evaluate("window.__sharedBefore")
+    followed = page.evaluate("Object.hasOwn(window.dashboard.view.nested, " + json.dumps(key) + ")")
+    assert followed
+
+
 def test_two_runs_compared_side_by_side_with_the_first_divergence_highlighted(
     page: Page, demo: ServerProcess, runs: Runs, artifacts: Path
 ) -> None:

@@ -27,12 +27,19 @@ SNAPSHOT: dict[str, Any] = {
     "status": "completed",
     "step_count": 1,
     "usage": {"prompt": 3, "completion": 2, "total": 5},
-    "execution": {"started_at": None, "updated_at": None, "cumulative_seconds": 0.1},
+    "execution": {
+        "started_at": None,
+        "updated_at": "2026-01-16T10:05:00.123Z",
+        "cumulative_seconds": 0.1,
+    },
     "messages": [{"role": "user", "content": "hi", "metadata": {}}],
     "steps": [],
     "last_continuation": None,
     "metadata": {},
 }
+
+
+USAGE = SNAPSHOT["usage"]
 
 
 def state_path(channel: str) -> str:
@@ -89,6 +96,9 @@ async def test_refused_requests_store_nothing(start_server: StartServer) -> None
         (422, "a list", await put(live, "agent.st-2", b"[]")),
         (422, "not a snapshot", await put(live, "agent.st-2", orjson.dumps({"agent_id": "a"}))),
         (422, "in progress", await put(live, "agent.st-2", _with(status="in_progress"))),
+        (422, "no version", await put(live, "agent.st-2", _with(execution={}))),
+        (422, "no zone", await put(live, "agent.st-2", _with(execution={"updated_at": "2026"}))),
+        (422, "huge usage", await put(live, "agent.st-2", _with(usage={**USAGE, "total": 2**53}))),
         (422, "not a session channel", await put(live, "other-channel", good)),
     ]
     for status, case, answer in cases:
@@ -105,7 +115,8 @@ async def test_an_app_keeps_at_most_max_session_states(start_server: StartServer
     body = orjson.dumps(SNAPSHOT)
     assert (await put(live, "agent.n-1", body)).status_code == 200
     assert (await put(live, "agent.n-2", body)).status_code == 200
-    assert (await put(live, "agent.n-1", body)).status_code == 200, "a replacement is no more"
+    newer = _with(execution={**SNAPSHOT["execution"], "updated_at": "2026-01-16T10:06:00Z"})
+    assert (await put(live, "agent.n-1", newer)).status_code == 200, "a replacement is no more"
     third = await put(live, "agent.n-3", body)
     assert third.status_code == 429
     assert "max_session_states" in third.json()["error"]
@@ -210,3 +221,28 @@ async def test_the_redis_publisher_stores_the_state_where_the_servers_read_it(
         await client.aclose()
     state = await state_of(live, "redis-1")
     assert (state.status_code, state.json()["status"]) == (200, "completed")
+
+
+def _at(updated_at: str, **changes: Any) -> bytes:
+    return _with(execution={**SNAPSHOT["execution"], "updated_at": updated_at}, **changes)
+
+
+async def test_a_replayed_or_older_put_never_moves_a_state_back(server: LiveServer) -> None:
+    """A signed PUT is valid for 600 s: replayed, it rolled the stored state back. A
+    state replaces the stored one only when its ``execution.updated_at`` is later."""
+    first = _at("2026-01-16T10:05:00.000Z", step_count=1)
+    second = _at("2026-01-16T10:05:00.001+00:00", step_count=2)
+    path = state_path("agent.v-1")
+    query = urlencode(signed_params(KEY, SECRET, "PUT", path, first))
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        assert (await http.put(f"{path}?{query}", content=first)).status_code == 200
+        assert (await put(server, "agent.v-1", second)).status_code == 200
+        replayed = await http.put(f"{path}?{query}", content=first)  # the very same request
+    assert replayed.status_code == 409, replayed.text
+    assert "replaced only by a newer one" in replayed.json()["error"]
+    again = await put(server, "agent.v-1", second)
+    assert again.status_code == 409, "the same version is not newer"
+    assert (await state_of(server, "v-1")).json()["step_count"] == 2
+    later = _at("2026-01-16T11:00:00+01:00", step_count=3)  # 10:00 UTC: earlier
+    assert (await put(server, "agent.v-1", later)).status_code == 409
+    assert (await put(server, "agent.v-1", _at("2026-01-16T10:05:01Z"))).status_code == 200

@@ -17,6 +17,7 @@ import redis.asyncio as redis
 
 from agent_core.app.demo import _Demo
 from broadcaster.backends.memory import MemoryBackend
+from tests.support.factories import Seconds
 from tests.support.live import Client, LiveServer, StartServer
 from tests.support.processes import RedisServer
 from tests.support.runs import authorise, read_run
@@ -24,14 +25,6 @@ from tests.support.runs import authorise, read_run
 Connect = Callable[..., Awaitable[Client]]
 Expire = Callable[[str], Awaitable[None]]
 DAY = 86_400.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -46,7 +39,7 @@ async def deployment(
 ) -> AsyncIterator[Deployment]:
     monkeypatch.setenv("AGENT_DEMO_PRIVATE_SESSIONS", "true")
     if request.param == "memory":
-        clock = Clock()
+        clock = Seconds(1_000.0)
         live = await start_server(demo=True, backend_object=MemoryBackend(clock=clock))
 
         async def forward(session_id: str) -> None:

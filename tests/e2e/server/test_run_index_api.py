@@ -5,11 +5,13 @@ would read them."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,9 +20,10 @@ import pytest
 from broadcaster.node import Node
 from broadcaster.publication import Publication
 from broadcaster.publishers import BackendStateStore
-from broadcaster.sessions import claim_session
+from broadcaster.run_index import RunSummary
+from broadcaster.sessions import SCAN_BUDGET, claim_session
 from broadcaster.signing import signed_params
-from tests.support.live import LiveServer, StartServer
+from tests.support.live import LiveServer, StartServer, write_apps
 
 CLOCK = itertools.count(time.time())
 """Start times a second apart: the list's order is the runs' start order."""
@@ -33,13 +36,13 @@ BACKENDS = [
 
 
 async def server_on(
-    kind: str, start_server: StartServer, request: pytest.FixtureRequest
+    kind: str, start_server: StartServer, request: pytest.FixtureRequest, **settings: Any
 ) -> LiveServer:
     if kind == "memory":
-        return await start_server()
+        return await start_server(**settings)
     topology = request.getfixturevalue("redis_server" if kind == "redis" else "redis_cluster")
     prefix = f"t{uuid.uuid4().hex[:10]}"
-    return await start_server(backend=topology.url, redis_prefix=prefix)
+    return await start_server(backend=topology.url, redis_prefix=prefix, **settings)
 
 
 async def record(node: Node, channel: str, execution_id: str, text: str, **end: Any) -> None:
@@ -88,12 +91,14 @@ async def record(node: Node, channel: str, execution_id: str, text: str, **end: 
     await runs.ended(channel, execution_id)
 
 
-async def until(check: Callable[[], Awaitable[bool]], what: str, within: float = 20) -> None:
-    """Poll ``check`` (an HTTP read) until it holds."""
+async def until(
+    check: Callable[[], Awaitable[bool]], what: str, within: float = 20, every: float = 0.01
+) -> None:
+    """Poll ``check`` (an HTTP read) every ``every`` seconds until it holds."""
     deadline = time.monotonic() + within
     while not await check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(every)
 
 
 async def _is(value: Awaitable[str | None], expected: str) -> bool:
@@ -283,7 +288,8 @@ async def test_a_run_through_post_run_is_listed_running_then_completed_with_its_
                 seen.append(found[0])
             return found[0] if found else None
 
-        await until(lambda: _is(status(), "completed"), "the run to complete")
+        # Polled within the list's per-client rate (5 a second after a burst of 20).
+        await until(lambda: _is(status(), "completed"), "the run to complete", every=0.2)
         assert seen[0] == "running"
         assert seen[-1] == "completed"
 
@@ -431,6 +437,176 @@ async def test_a_sessions_second_run_is_listed_with_its_own_steps_and_tokens(
         (outside,) = (await http.get("/api/sessions/epsilon/runs")).json()["runs"]
         assert outside["input_preview"] == "What is the weather in Oslo?"
         assert outside["status"] == "completed"
+
+
+# -- security round 3 (issue 44): cursors, cost, other apps ----------------------------
+
+
+async def fill(node: Node, runs: int, private_every: int, app_id: str | None = None) -> None:
+    """``runs`` finished runs straight into the index (one a second, oldest first);
+    every ``private_every``-th is private."""
+    index, app = node.backend.runs, app_id or node.apps[0].id
+    now = time.time() - runs
+    for i in range(runs):
+        private = i % private_every == 0
+        channel = f"{'private-' if private else ''}agent.s{i}"
+        summary = RunSummary(f"s{i}", f"x-{i}", now + i, status="completed", private=private)
+        await index.put_run(app, channel, f"x-{i}", int((now + i) * 1000), summary.to_json(), 600)
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_a_cursor_names_no_run(
+    kind: str, start_server: StartServer, request: pytest.FixtureRequest
+) -> None:
+    """A filter that matches nothing runs out of its scan budget on a private run: the
+    cursor named it (``[…, "private-agent.s…\\nx-…"]`` in plain base64), so an anonymous
+    poller learned every private session and execution id. Now it is sealed: opaque to
+    its reader, who can only hand it back."""
+    live = await server_on(kind, start_server, request)
+    await fill(live.node, SCAN_BUDGET + 50, private_every=1)  # every run private
+    async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
+        page = (await http.get("/api/sessions", params={"q": "zz-no-match", "limit": 1})).json()
+        assert page["runs"] == []
+        cursor = page["next_cursor"]
+        assert cursor is not None, "the scan budget ran out: a cursor to go on"
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        assert b"private" not in raw
+        assert b"agent.s" not in raw
+        rest = await http.get("/api/sessions", params={"q": "zz-no-match", "cursor": cursor})
+        assert rest.status_code == 200, rest.text
+        assert rest.json() == {"runs": [], "next_cursor": None}
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_a_changed_or_made_up_cursor_gets_400_on_every_backend(
+    kind: str, start_server: StartServer, request: pytest.FixtureRequest
+) -> None:
+    """Redis answered 503 for ``[true, "x"]`` (a boolean start passed for a number)."""
+    live = await server_on(kind, start_server, request)
+    await fill(live.node, 5, private_every=100)
+    async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
+        cursor = (await http.get("/api/sessions", params={"limit": 1})).json()["next_cursor"]
+
+        def b64(value: object) -> str:
+            return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
+
+        forged = [b64([True, "x"]), b64([10**30, "agent.s1\nx-1"]), b64([1, "agent.s1\nx-1"])]
+        changed = cursor[:-2] + ("AA" if not cursor.endswith("AA") else "BB")
+        for bad in [*forged, changed, "not-a-cursor", "%%%", "A" * 5000]:
+            answer = await http.get("/api/sessions", params={"cursor": bad})
+            assert answer.status_code == 400, (bad, answer.text)
+            assert "cursor" in answer.json()["error"]
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+async def test_a_filter_that_matches_little_pages_through_the_whole_index(
+    kind: str, start_server: StartServer, request: pytest.FixtureRequest
+) -> None:
+    """One request reads at most SCAN_BUDGET entries; following the cursors finds
+    every match, once, in order."""
+    live = await server_on(kind, start_server, request, run_list_rate=0)
+    await fill(live.node, 3 * SCAN_BUDGET + 10, private_every=7)
+    found: list[str] = []
+    requests = 0
+    async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
+        params: dict[str, Any] = {"q": "s1", "limit": 200}
+        while True:
+            page = (await http.get("/api/sessions", params=params)).json()
+            requests += 1
+            found += [run["session_id"] for run in page["runs"]]
+            if page["next_cursor"] is None:
+                break
+            params["cursor"] = page["next_cursor"]
+    expected = [f"s{i}" for i in reversed(range(3 * SCAN_BUDGET + 10)) if i % 7 and "s1" in f"s{i}"]
+    assert found == expected
+    assert requests >= 3
+
+
+async def test_the_list_answers_429_with_retry_after_past_a_clients_rate(
+    start_server: StartServer,
+) -> None:
+    live = await start_server(run_list_rate=0.5, run_list_burst=3)
+    async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
+        for _ in range(3):
+            assert (await http.get("/api/sessions")).status_code == 200
+        refused = await http.get("/api/sessions")
+        assert refused.status_code == 429
+        assert refused.headers["retry-after"] == "2"
+        assert "run_list_rate" in refused.json()["error"]
+        assert (await http.get("/api/sessions/s/runs")).status_code == 404, "only the list"
+
+
+ONE, TWO = "https://one.example", "https://two.example"
+ORIGIN = {"origin": TWO}
+
+
+async def test_another_apps_runs_are_listed_only_with_its_key(
+    start_server: StartServer, tmp_path: Path
+) -> None:
+    apps = write_apps(
+        tmp_path / "apps.json",
+        {"id": "1", "key": "key-one", "secret": "secret-one", "allowed_origins": [ONE]},
+        {"id": "2", "key": "key-two", "secret": "secret-two", "allowed_origins": [TWO]},
+    )
+    live = await start_server(apps_file=apps)
+    await fill(live.node, 3, private_every=100, app_id="2")
+    async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
+        refused = await http.get("/api/sessions", params={"app_id": "2"})
+        assert refused.status_code == 403, refused.text
+        assert "app_key" in refused.json()["error"]
+        assert (await http.get("/api/sessions", params={"app_id": "9"})).status_code == 403
+        assert (await http.get("/api/sessions")).json()["runs"] == []  # app 1's
+        assert (await http.get("/api/sessions", params={"app_id": "1"})).status_code == 200
+        mine = await http.get("/api/sessions", params={"app_key": "key-two"}, headers=ORIGIN)
+        assert len(mine.json()["runs"]) == 2  # the private one left out
+        assert mine.headers["access-control-allow-origin"] == TWO, "app 2's origins decide"
+        both = await http.get("/api/sessions", params={"app_key": "key-two", "app_id": "2"})
+        assert both.status_code == 200
+        wrong = await http.get("/api/sessions", params={"app_key": "key-two", "app_id": "1"})
+        assert wrong.status_code == 404
+        app = live.node.app_by_id("2")
+        assert app is not None
+        query = signed_params(app.key, app.secret, "GET", "/api/sessions", extra={"app_id": "2"})
+        signed_list = await http.get("/api/sessions", params=query)
+        assert len(signed_list.json()["runs"]) == 3  # as the app: the private one too
+        cursor = await http.get("/api/sessions", params={"limit": 1, "app_key": "key-two"})
+        other = await http.get("/api/sessions", params={"cursor": cursor.json()["next_cursor"]})
+        assert other.status_code == 400, "a cursor is the app's own"
+
+
+async def test_the_otlp_download_of_a_run_with_times_otlp_cannot_hold_is_not_a_500(
+    start_server: StartServer,
+) -> None:
+    """A publisher with the app's secret may publish any text: envelopes dated before
+    1970 or after 2554 (past OTLP's unsigned 64-bit nanoseconds), or on no date at all,
+    made the OTLP export answer 500. They are left out of it now."""
+    live = await start_server(demo=True)
+    node, channel = live.node, "agent.when"
+    runs = BackendStateStore(node.backend, node.apps[0].id).runs
+    await runs.started(channel, "w1", input_text="when?", started_at=next(CLOCK))
+    stamps = ["1969-12-31T23:59:59.999Z", "2600-01-01T00:00:00.000Z", "2026-13-45T10:05:00.000Z"]
+    await publish(node, channel, "w1", "agent.status", status="in_progress")
+    for number, stamp in enumerate(stamps, start=1):
+        data = {
+            "type": "agent.step.started",
+            "session_id": "when",
+            "execution_id": "w1",
+            "timestamp": stamp,
+            "payload": {"step_number": number},
+        }
+        app = node.apps[0].id
+        await node.backend.publish(
+            Publication(app, channel, "agent.step.started", json.dumps(data))
+        )
+    await publish(node, channel, "w1", "agent.status", status="completed")
+    await runs.ended(channel, "w1")
+    async with httpx.AsyncClient(base_url=live.url, timeout=10) as http:
+        otlp = await http.get("/api/sessions/when/trace?execution_id=w1&format=otlp")
+        assert otlp.status_code == 200, otlp.text
+        spans = otlp.json()["resourceSpans"][0]["scopeSpans"][0]["spans"]
+        assert [span["name"] for span in spans] == ["invoke_agent agent"]
+        trace = await http.get("/api/sessions/when/trace?execution_id=w1")
+        assert len(trace.json()["envelopes"]) == 5, "the JSON trace keeps what was published"
 
 
 async def test_a_run_listed_running_that_nothing_runs_is_marked_abandoned(
