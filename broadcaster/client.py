@@ -38,6 +38,8 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
+from broadcaster.envelope import ROUTING_PHASES
+
 __all__ = [
     "STAGES",
     "TERMINAL",
@@ -67,10 +69,9 @@ RunView = dict[str, Any]
 """A run as the events built it (JSON data; see ``clients/js/src/run.ts``)."""
 
 TERMINAL: Final = frozenset({"completed", "failed"})
-STAGES: Final = frozenset(
-    {"reference_resolver", "intent_classifier", "continuation_decider", "session_memory"}
-)
-"""Reserved tool names of a routed run's phases: kept apart from the step's tools."""
+STAGES: Final = ROUTING_PHASES
+"""Reserved tool names of a routed run's phases: kept apart from the step's tools
+(:data:`broadcaster.envelope.ROUTING_PHASES`)."""
 
 RESUME_EVENT: Final = "broadcaster:resume"
 _PROBE: Final = "start:0"

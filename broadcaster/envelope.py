@@ -26,6 +26,7 @@ __all__ = [
     "ENVELOPE_TYPES",
     "LATEST_TIMESTAMP",
     "MAX_WIRE_INT",
+    "ROUTING_PHASES",
     "SCHEMA_FILE",
     "SCHEMA_VERSION",
     "AgentContinuation",
@@ -50,6 +51,7 @@ __all__ = [
     "channel_for",
     "json_schema",
     "parse_envelope",
+    "run_usage",
     "utc_timestamp",
     "wire_int",
     "wire_safe",
@@ -59,6 +61,14 @@ SCHEMA_VERSION = "1.2.0"
 """1.1.0 added ``agent.tool.started`` ``arguments``; 1.2.0 ``parent_execution_id`` and
 ``parent_tool_call_id`` on every payload (a nested run's link; optional, additive)."""
 SCHEMA_FILE = "schemas/agent-envelope.v1.schema.json"
+ROUTING_PHASES = frozenset(
+    {"reference_resolver", "intent_classifier", "continuation_decider", "session_memory"}
+)
+"""The tool names of a routed run's phases: published as ``agent.tool.started`` /
+``agent.tool.completed`` pairs, but not tool calls of the agent. Every surface counts
+and shows them apart from the run's tool calls (``routing_phases`` in the run index,
+``routing`` in a step of the kits' ``RunView``, ``CUSTOM agent.routing`` in AG-UI,
+``data-routing`` in the Vercel AI stream, ``routing <phase>`` spans in OpenTelemetry)."""
 _TIMESTAMP = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 
 MAX_WIRE_INT = 2**53 - 1
@@ -174,6 +184,21 @@ class UsagePayload(_Model):
     prompt: Count = 0
     completion: Count = 0
     total: Count = 0
+
+
+def run_usage(steps: list[UsagePayload], reported: UsagePayload | None) -> UsagePayload | None:
+    """A run's own tokens: the sum of its ``agent.step.completed`` usage, or, when no
+    step reported any (a framework that reports usage at the end only), ``reported``,
+    the final status's. An ``agent_core`` run's final status counts its session's
+    tokens (a second run's include the first's), so the sum is what every surface shows
+    as the run's tokens (the run index, AG-UI, the Vercel AI stream, OpenTelemetry)."""
+    if not any(usage.total or usage.prompt or usage.completion for usage in steps):
+        return reported
+    return UsagePayload(
+        prompt=sum(u.prompt for u in steps),
+        completion=sum(u.completion for u in steps),
+        total=sum(u.total for u in steps),
+    )
 
 
 class StatusPayload(_Payload):

@@ -28,7 +28,7 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
-from broadcaster.envelope import wire_int
+from broadcaster.envelope import ROUTING_PHASES, wire_int
 from broadcaster.publication import Publication
 from broadcaster.signing import LIST_CURSOR, seal, unseal
 
@@ -101,6 +101,7 @@ class RunSummary:
     resolved_by: str | None = None
     steps: int = 0
     tool_calls: int = 0
+    routing_phases: int = 0
     tokens: dict[str, int] = field(default_factory=lambda: {"input": 0, "output": 0, "total": 0})
     capability: str | None = None
     error: str | None = None
@@ -289,7 +290,11 @@ def _count(value: object) -> int:
 
 def summarize(base: RunSummary, envelopes: Iterable[dict[str, Any]]) -> RunSummary:
     """``base`` (the start record) with what the run's envelopes say: status, stop
-    reason, deciding criterion, steps, tool calls, tokens, error.
+    reason, deciding criterion, steps, tool calls, routing phases, tokens, error.
+
+    ``tool_calls`` are the agent's (a routed run's: its capability calls); a routed
+    run's phases (:data:`~broadcaster.envelope.ROUTING_PHASES`: classifier, decider,
+    memory, ...) are counted apart as ``routing_phases``, as the kits keep them apart.
 
     ``steps`` and ``tokens`` are the run's own, as the client's reducer counts them:
     its completed steps and the sum of their usage. Step numbers go on across the runs
@@ -298,6 +303,7 @@ def summarize(base: RunSummary, envelopes: Iterable[dict[str, Any]]) -> RunSumma
     short, a framework that reports usage at the end)."""
     run = base
     tools: set[str] = set()
+    phases: set[str] = set()
     steps: set[int] = set()
     spent = {"input": 0, "output": 0, "total": 0}
     names = {"input": "prompt", "output": "completion", "total": "total"}
@@ -338,8 +344,13 @@ def summarize(base: RunSummary, envelopes: Iterable[dict[str, Any]]) -> RunSumma
         elif kind == "agent.continuation" and payload.get("resolved_by"):
             run = replace(run, resolved_by=str(payload["resolved_by"]))
         elif kind == "agent.tool.started" and payload.get("tool_call_id"):
-            tools.add(str(payload["tool_call_id"]))
-    run = replace(run, tool_calls=max(run.tool_calls, len(tools)))
+            calls = phases if payload.get("tool_name") in ROUTING_PHASES else tools
+            calls.add(str(payload["tool_call_id"]))
+    run = replace(
+        run,
+        tool_calls=max(run.tool_calls, len(tools)),
+        routing_phases=max(run.routing_phases, len(phases)),
+    )
     return replace(run, tokens=spent) if spent["total"] else run
 
 

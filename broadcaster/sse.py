@@ -118,7 +118,8 @@ log = logging.getLogger("broadcaster.sse")
 FROM_START = "0"
 """``?since=0``: from the start of the channel's kept history."""
 FINAL_STATUSES = frozenset({"completed", "failed"})
-"""The ``agent.status`` values that end a run (``?until=final`` stops after one)."""
+"""The ``agent.status`` values that end a run (``?until=final`` stops after the first
+one of a run that is not nested in another)."""
 
 MEDIA_TYPE = "text/event-stream"
 HEARTBEAT = b": ping\n\n"
@@ -413,8 +414,10 @@ async def _events(feed: ChannelFeed, heartbeat: float, until_final: bool) -> Asy
 
 
 def is_final_status(item: FeedItem) -> bool:
-    """Whether ``item`` is an ``agent.status`` that ends a run (``completed`` or
-    ``failed``)."""
+    """Whether ``item`` is an ``agent.status`` that ends a run a follower follows
+    (``completed`` or ``failed``, of a run not nested in another). A nested run's final
+    status (a routed capability's inner agent, ``payload.parent_execution_id``) ends only
+    that inner run: the run it serves goes on to its decider, memory and own status."""
     if item.event != "agent.status":
         return False
     try:
@@ -422,7 +425,11 @@ def is_final_status(item: FeedItem) -> bool:
     except orjson.JSONDecodeError:
         return False
     payload = envelope.get("payload") if isinstance(envelope, dict) else None
-    return isinstance(payload, dict) and payload.get("status") in FINAL_STATUSES
+    return (
+        isinstance(payload, dict)
+        and payload.get("status") in FINAL_STATUSES
+        and payload.get("parent_execution_id") is None
+    )
 
 
 # -- routes ---------------------------------------------------------------------------

@@ -32,12 +32,22 @@ envelope                               AG-UI events
                                        ``TOOL_CALL_END``
 ``agent.tool.completed``               ``TOOL_CALL_RESULT`` (result summary, or the
                                        error; metadata: success, duration_ms)
+a routed run's phase (tool name in     ``CUSTOM`` named ``agent.routing`` (value: the
+``ROUTING_PHASES``: classifier,        tool envelope's payload and ``state``
+decider, memory) started / completed   ``running`` / ``done``): not a tool call
 ``agent.continuation``                 ``CUSTOM`` named ``agent.continuation``
 ``agent.step.completed``               ``STEP_FINISHED``
-``agent.status`` completed             ``STATE_SNAPSHOT`` (the stored slim state),
-                                       ``RUN_FINISHED`` (result: the status payload)
+``agent.status`` completed             a text message of ``last_response`` when the
+                                       run streamed no text of its own (a routed run:
+                                       its answer comes from a capability),
+                                       ``STATE_SNAPSHOT`` (the stored slim state),
+                                       ``RUN_FINISHED`` (result: the status payload;
+                                       usage: the run's own tokens, its steps' sum)
 ``agent.status`` failed                ``STATE_SNAPSHOT`` if stored, ``RUN_ERROR``
 =====================================  ===============================================
+
+A run nested in this one (a routed capability's inner agent, its own execution id) is
+left out: its work is the capability's tool call, and its answer is the run's.
 
 Errors before the stream starts are JSON ``{"error": ...}``: 413 (a body over the
 server's ``max_request_bytes``), 408 (a body slower than ``body_timeout``), 422 (not a
@@ -98,13 +108,23 @@ from broadcaster.publishers import state_key
 from broadcaster.sessions import SessionRefused, session_channel
 from broadcaster.sse import HEARTBEAT, ChannelFeed, FeedItem
 
-__all__ = ["AGUI_PATH", "CONTINUATION_EVENT", "AguiMapper", "InvalidInput", "routes", "run_request"]
+__all__ = [
+    "AGUI_PATH",
+    "CONTINUATION_EVENT",
+    "ROUTING_EVENT",
+    "AguiMapper",
+    "InvalidInput",
+    "routes",
+    "run_request",
+]
 
 logger = logging.getLogger(__name__)
 
 AGUI_PATH = "/ag-ui"
 CONTINUATION_EVENT = "agent.continuation"
 """The name of the ``CUSTOM`` event carrying a step's continuation decision."""
+ROUTING_EVENT = "agent.routing"
+"""The name of the ``CUSTOM`` event carrying a routed run's phase (not a tool call)."""
 _HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _FINAL = ("completed", "failed")
 
@@ -185,6 +205,7 @@ class AguiMapper:
         self._text_step: int | None = None
         self._step_text: dict[int, str] = {}
         self._steps: list[str] = []
+        self._usage: list[env.UsagePayload] = []
 
     def feed(self, envelope: env.Envelope, snapshot: Any = None) -> list[BaseEvent]:
         """The AG-UI events for ``envelope``; ``snapshot`` is the stored slim state,
@@ -199,9 +220,14 @@ class AguiMapper:
             case env.StepStarted():
                 events += self._step_started(envelope.payload, at)
             case env.StepCompleted():
+                self._usage.append(envelope.payload.usage)
                 events += self._step_finished(envelope.payload.step_number, at)
             case env.StreamChunk():
                 events += self._chunk(envelope.payload, at)
+            case env.ToolStarted() if envelope.payload.tool_name in env.ROUTING_PHASES:
+                events += [self._phase(envelope.payload, "running", at)]
+            case env.ToolCompleted() if envelope.payload.tool_name in env.ROUTING_PHASES:
+                events += [self._phase(envelope.payload, "done", at)]
             case env.ToolStarted():
                 events += self._tool_started(envelope.payload, at)
             case env.ToolCompleted():
@@ -236,19 +262,38 @@ class AguiMapper:
         if payload.status == "failed":
             message = payload.error_message or "the run failed"
             return [*state, RunErrorEvent(message=message, code=payload.stop_reason, timestamp=at)]
-        closing = self._close_text(at) + [
+        closing = self._close_text(at)
+        if not self._messages and payload.last_response:
+            closing += self._answer(payload.last_response, at)
+        closing += [
             StepFinishedEvent(step_name=name, timestamp=at) for name in reversed(self._steps)
         ]
         self._steps.clear()
+        usage = env.run_usage(self._usage, payload.usage)
         finished = RunFinishedEvent(
             thread_id=self.thread_id,
             run_id=self.run_id,
             result=payload.model_dump(mode="json", exclude_none=True),
             outcome=RunFinishedSuccessOutcome(),
-            usage=None if payload.usage is None else [_usage(payload.usage)],
+            usage=None if usage is None else [_usage(usage)],
             timestamp=at,
         )
         return [*closing, *state, finished]
+
+    def _answer(self, text: str, at: int) -> list[BaseEvent]:
+        """The run's answer as one text message: a run that streamed no text of its own
+        (a routed run answers through its capability) still shows a reply."""
+        opened = self._open_text(None, at)
+        content = TextMessageContentEvent(message_id=self._text or "", delta=text, timestamp=at)
+        return [opened, content, *self._close_text(at)]
+
+    def _phase(
+        self, payload: env.ToolStartedPayload | env.ToolCompletedPayload, state: str, at: int
+    ) -> BaseEvent:
+        """A routed run's phase (classifier, decider, memory): shown as such, not as a
+        tool call of the agent."""
+        value = {"state": state, **payload.model_dump(mode="json", exclude_none=True)}
+        return CustomEvent(name=ROUTING_EVENT, value=value, timestamp=at)
 
     def _step_started(self, payload: env.StepStartedPayload, at: int) -> list[BaseEvent]:
         name = f"step-{payload.step_number}"

@@ -41,14 +41,27 @@ first envelope of the run              ``start`` (``messageId`` = execution id,
                                        ``dynamic``: the client does not declare them)
 ``agent.tool.completed``               ``tool-output-available`` (result summary) or
                                        ``tool-output-error``
+a routed run's phase (tool name in     ``data-routing`` (id ``<message>:routing-<call>``,
+``ROUTING_PHASES``) started /          so the completion replaces the start; data: the
+completed                              tool envelope's payload and ``state``): not a
+                                       tool call
 ``agent.continuation``                 ``data-continuation`` (the full decision)
 ``agent.step.completed``               ``data-continuation`` (its summary, unless the
                                        full one was sent), ``finish-step``
-``agent.status`` completed             ``data-state`` (the stored snapshot, if any),
+``agent.status`` completed             a text of ``last_response`` when the run
+                                       streamed none of its own (a routed run),
+                                       ``message-metadata`` (``usage``: the run's own
+                                       tokens, its steps' sum, as ``inputTokens`` /
+                                       ``outputTokens`` / ``totalTokens``),
+                                       ``data-state`` (the stored snapshot, if any),
                                        ``data-status`` (the status payload), ``finish``
-``agent.status`` failed                ``data-state`` if stored, ``data-status``,
-                                       ``error``, ``finish`` (``finishReason: error``)
+``agent.status`` failed                ``message-metadata``, ``data-state`` if stored,
+                                       ``data-status``, ``error``, ``finish``
+                                       (``finishReason: error``)
 =====================================  ===============================================
+
+A run nested in this one (a routed capability's inner agent, its own execution id) is
+left out: its work is the capability's tool call, and its answer is the run's.
 
 Errors before the stream starts are JSON ``{"error": ...}`` with the statuses of
 ``POST /ag-ui`` (413, 408, 422, 403, 409, 503, 429).
@@ -203,6 +216,7 @@ class UIMessageStreamMapper:
         self._text: str | None = None
         self._steps: list[int] = []
         self._traced: set[int] = set()
+        self._usage: list[env.UsagePayload] = []
 
     def feed(self, envelope: env.Envelope, snapshot: Any = None) -> list[Chunk]:
         """The chunks for ``envelope``; ``snapshot``: the stored state, with the final
@@ -217,9 +231,14 @@ class UIMessageStreamMapper:
                 self._steps.append(envelope.payload.step_number)
                 chunks.append({"type": "start-step"})
             case env.StepCompleted():
+                self._usage.append(envelope.payload.usage)
                 chunks += self._step_finished(envelope.payload)
             case env.StreamChunk():
                 chunks += self._chunk(envelope.payload)
+            case env.ToolStarted() | env.ToolCompleted() if (
+                envelope.payload.tool_name in env.ROUTING_PHASES
+            ):
+                chunks.append(self._phase(envelope.payload))
             case env.ToolStarted():
                 chunks += self._tool_started(envelope.payload)
             case env.ToolCompleted():
@@ -256,7 +275,13 @@ class UIMessageStreamMapper:
         if payload.status not in _FINAL:
             return []
         self.done = True
-        chunks = self._close_all()
+        chunks = self._close_text()
+        if not self._texts and payload.status == "completed" and payload.last_response:
+            chunks += self._answer(payload.last_response)
+        chunks += self._close_all()
+        usage = env.run_usage(self._usage, payload.usage)
+        if usage is not None:
+            chunks.append({"type": "message-metadata", "messageMetadata": {"usage": _usage(usage)}})
         if snapshot is not None:
             chunks.append(self._data("state", snapshot))
         chunks.append(self._data("status", payload.model_dump(mode="json", exclude_none=True)))
@@ -264,6 +289,21 @@ class UIMessageStreamMapper:
             chunks.append({"type": "error", "errorText": payload.error_message or "the run failed"})
             return [*chunks, {"type": "finish", "finishReason": "error"}]
         return [*chunks, {"type": "finish", "finishReason": "stop"}]
+
+    def _answer(self, text: str) -> list[Chunk]:
+        """The run's answer as one text: a run that streamed no text of its own (a
+        routed run answers through its capability) still shows a reply."""
+        self._texts += 1
+        part = f"{self.message_id}:text-{self._texts}"
+        return [{"type": "text-start", "id": part}, {"type": "text-delta", "id": part,
+                "delta": text}, {"type": "text-end", "id": part}]  # fmt: skip
+
+    def _phase(self, payload: env.ToolStartedPayload | env.ToolCompletedPayload) -> Chunk:
+        """A routed run's phase (classifier, decider, memory): shown as such, not as a
+        tool call of the agent; its completion replaces its start (same id)."""
+        state = "running" if isinstance(payload, env.ToolStartedPayload) else "done"
+        data = {"state": state, **payload.model_dump(mode="json", exclude_none=True)}
+        return self._data("routing", data, f"routing-{payload.tool_call_id}")
 
     def _step_finished(self, payload: env.StepCompletedPayload) -> list[Chunk]:
         chunks = self._close_text()
@@ -497,7 +537,8 @@ async def _chunks(
             if mapper is None:
                 if not (mid_run or _run_start(envelope)):
                     continue  # following: wait for the next run's start
-                run = envelope.execution_id
+                # A nested run's envelope belongs to the run it serves.
+                run = envelope.payload.parent_execution_id or envelope.execution_id
                 mapper = UIMessageStreamMapper(run, {**info, "execution_id": run})
             chunks = await _translate(envelope, mapper, snapshot, feed.channel)
             if skipping:  # read to know the message so far, not sent again
@@ -524,7 +565,21 @@ def _after(position: str | None, mark: Position) -> bool:
 
 
 def _run_start(envelope: env.Envelope) -> bool:
-    return isinstance(envelope, env.AgentStatus) and envelope.payload.status == "in_progress"
+    """A run's ``in_progress``, not a nested run's (that is part of the run it serves)."""
+    return (
+        isinstance(envelope, env.AgentStatus)
+        and envelope.payload.status == "in_progress"
+        and envelope.payload.parent_execution_id is None
+    )
+
+
+def _usage(usage: env.UsagePayload) -> dict[str, int]:
+    """Tokens as the AI SDK names them (``LanguageModelUsage``)."""
+    return {
+        "inputTokens": usage.prompt,
+        "outputTokens": usage.completion,
+        "totalTokens": usage.total,
+    }
 
 
 def _envelope(item: FeedItem) -> env.Envelope | None:

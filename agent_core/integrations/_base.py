@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from agent_core.adapters.broadcasting import (
@@ -388,7 +388,8 @@ class FrameworkRun(EnvelopeEmitter):
             last = output if isinstance(output, str) else json_text(output)
             if not self._messages or self._messages[-1].get("content") != last:
                 self._messages.append({"role": "assistant", "content": last, "metadata": {}})
-        state_url, refused = await self._store(self.snapshot(status, error))
+        snapshot = self.snapshot(status, error)
+        state_url, refused = await self._store(snapshot)
         if refused is not None:  # stored failed, saying why: the status says it too
             status, error, stop_reason = "failed", refused, "error"
         payload = env.StatusPayload(
@@ -409,6 +410,13 @@ class FrameworkRun(EnvelopeEmitter):
         runs = run_recorder(self.state_store)
         if runs is not None and self.execution_id:  # again, the final status delivered
             await runs.ended(self.channel, self.execution_id, status=status, error=error)
+        elif state_url is not None and self.state_store is _own_store(self.publisher):
+            # The publisher's own store, which the server indexes the run from when it
+            # stores (the HTTP API's PUT state, the backend's store): again, now that the
+            # final status is delivered, so that the run's trace and index row end with
+            # it (the first store came before it, for its state_url). As of now: a
+            # state replaces the stored one only when it is newer (409 otherwise).
+            await self._store(_later(self.snapshot(status, error), snapshot))
 
     async def _flush_publisher(self) -> None:
         """Wait until a buffered publisher delivered the run, final status included, so
@@ -472,6 +480,20 @@ def _finish(reason: str | None, has_tool_calls: bool) -> str:
     if reason in _FINISH_REASONS:
         return reason
     return "tool_calls" if has_tool_calls else "stop"
+
+
+def _later(snapshot: dict[str, Any], than: dict[str, Any]) -> dict[str, Any]:
+    """``snapshot`` with an ``execution.updated_at`` after ``than``'s (both written by
+    :meth:`FrameworkRun.snapshot`, in milliseconds): taken within the same millisecond,
+    it is moved one on."""
+    now, before = snapshot["execution"]["updated_at"], than["execution"]["updated_at"]
+    if now > before:
+        return snapshot
+    moment = datetime.fromisoformat(before.replace("Z", "+00:00")) + timedelta(milliseconds=1)
+    return {
+        **snapshot,
+        "execution": {**snapshot["execution"], "updated_at": env.utc_timestamp(moment)},
+    }
 
 
 def _own_store(publisher: object) -> StateStore | None:

@@ -14,7 +14,15 @@ publisher with :class:`TracingPublisher`) that turns each execution into:
 - a span per tool call ``execute_tool <tool>`` (``gen_ai.tool.name``,
   ``gen_ai.tool.call.id``, ``gen_ai.tool.type``; with ``include_content``, the
   arguments and result as ``gen_ai.tool.call.arguments`` / ``.result``);
-- continuation decisions as ``agent.continuation`` span events on the step span.
+- a span per phase of a routed run ``routing <phase>`` (``agent_broadcaster.routing.phase``
+  and ``.call_id``: the classifier, decider and memory are not tool calls);
+- continuation decisions as ``agent.continuation`` span events on the step span;
+- a run nested in another (a routed capability's inner agent, ``parent_execution_id``)
+  as an agent span ``invoke_agent <capability>`` under the capability's
+  ``execute_tool`` span, in the same trace.
+
+The agent span's usage is the run's own (the sum of its steps'; the final status's
+only when no step reported usage), so a session's second run does not count the first.
 
 Spans take their times from the envelopes' timestamps, so a trace can also be built
 after the fact from a channel's history. Send it to a collector with
@@ -75,7 +83,9 @@ class _Execution:
     agent: Span
     steps: dict[int, Span] = field(default_factory=dict)
     tools: dict[str, Span] = field(default_factory=dict)
+    tool_names: dict[str, str] = field(default_factory=dict)
     traced: set[int] = field(default_factory=set)
+    usage: list[env.UsagePayload] = field(default_factory=list)
     step: int | None = None
 
 
@@ -137,15 +147,25 @@ class EnvelopeTracer:
                 pass  # text is not traced (content); its step span covers it
 
     def _open(self, envelope: env.Envelope, at: int) -> _Execution:
-        attributes = {
+        name, context = self.agent_name, None
+        attributes: dict[str, Any] = {
             "gen_ai.operation.name": "invoke_agent",
-            "gen_ai.agent.name": self.agent_name,
             "gen_ai.conversation.id": envelope.session_id,
             f"{SYSTEM}.execution_id": envelope.execution_id,
             f"{SYSTEM}.channel": envelope.channel,
         }
+        parent, call = envelope.payload.parent_execution_id, envelope.payload.parent_tool_call_id
+        parent_run = None if parent is None else self._runs.get(parent)
+        if parent_run is not None and call is not None and call in parent_run.tools:
+            # A nested run: under the call it serves, in its parent's trace.
+            name = parent_run.tool_names.get(call, name)
+            context = trace.set_span_in_context(parent_run.tools[call])
+            attributes[f"{SYSTEM}.parent_execution_id"] = parent
+            attributes[f"{SYSTEM}.parent_tool_call_id"] = call
+        attributes["gen_ai.agent.name"] = name
         span = self.tracer.start_span(
-            f"invoke_agent {self.agent_name}",
+            f"invoke_agent {name}",
+            context=context,
             kind=SpanKind.INTERNAL,
             attributes=attributes,
             start_time=at,
@@ -184,6 +204,7 @@ class EnvelopeTracer:
         if span is None:
             return
         usage = payload.usage
+        run.usage.append(usage)
         span.set_attribute("gen_ai.usage.input_tokens", usage.prompt)
         span.set_attribute("gen_ai.usage.output_tokens", usage.completion)
         if payload.finish_reason is not None:
@@ -198,17 +219,26 @@ class EnvelopeTracer:
             run.step = None
 
     def _tool_started(self, run: _Execution, payload: env.ToolStartedPayload, at: int) -> None:
-        attributes: dict[str, Any] = {
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": payload.tool_name,
-            "gen_ai.tool.call.id": payload.tool_call_id,
-            "gen_ai.tool.type": "function",
-        }
+        attributes: dict[str, Any]
+        if payload.tool_name in env.ROUTING_PHASES:
+            name = f"routing {payload.tool_name}"
+            attributes = {
+                f"{SYSTEM}.routing.phase": payload.tool_name,
+                f"{SYSTEM}.routing.call_id": payload.tool_call_id,
+            }
+        else:
+            name = f"execute_tool {payload.tool_name}"
+            attributes = {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": payload.tool_name,
+                "gen_ai.tool.call.id": payload.tool_call_id,
+                "gen_ai.tool.type": "function",
+            }
         if self.include_content and payload.arguments is not None:
             arguments = orjson.dumps(payload.arguments, default=str).decode()
             attributes["gen_ai.tool.call.arguments"] = arguments
-        name = f"execute_tool {payload.tool_name}"
         run.tools[payload.tool_call_id] = self._child(run, name, at, attributes)
+        run.tool_names[payload.tool_call_id] = payload.tool_name
 
     def _tool_completed(self, run: _Execution, payload: env.ToolCompletedPayload, at: int) -> None:
         span = run.tools.pop(payload.tool_call_id, None)
@@ -265,9 +295,10 @@ class EnvelopeTracer:
             if payload.stop_reason is not None:
                 span.set_attribute(f"{SYSTEM}.stop_reason", payload.stop_reason)
                 span.set_attribute("gen_ai.response.finish_reasons", [payload.stop_reason])
-            if payload.usage is not None:
-                span.set_attribute("gen_ai.usage.input_tokens", payload.usage.prompt)
-                span.set_attribute("gen_ai.usage.output_tokens", payload.usage.completion)
+            usage = env.run_usage(run.usage, payload.usage)
+            if usage is not None:
+                span.set_attribute("gen_ai.usage.input_tokens", usage.prompt)
+                span.set_attribute("gen_ai.usage.output_tokens", usage.completion)
             if payload.status == "failed":
                 error = payload.error_message or "the run failed"
         if error is not None:
@@ -330,9 +361,10 @@ def otlp_json(
     envelopes: Sequence[Mapping[str, Any]], service_name: str = "agent-broadcaster"
 ) -> dict[str, Any]:
     """A run's envelopes (decoded JSON, in order) as one OTLP/JSON document
-    (``{"resourceSpans": [...]}``, ids in hex as OTLP/JSON wants), through the same
-    mapping as :class:`EnvelopeTracer`: what ``GET /api/sessions/{id}/trace?format=otlp``
-    serves. Envelopes that are not valid are left out."""
+    (``{"resourceSpans": [...]}``, ids in hex and enums as integers, as OTLP/JSON
+    wants), through the same mapping as :class:`EnvelopeTracer`: what
+    ``GET /api/sessions/{id}/trace?format=otlp`` serves. Envelopes that are not valid
+    are left out."""
     from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -351,7 +383,9 @@ def otlp_json(
     for execution_id in list(tracer._runs):
         tracer._close(execution_id, None, error="the run's final status is not in its trace")
     provider.shutdown()
-    document: dict[str, Any] = MessageToDict(encode_spans(exporter.get_finished_spans()))
+    spans = encode_spans(exporter.get_finished_spans())
+    # OTLP/JSON: enums are integers, never names (span kinds, status codes).
+    document: dict[str, Any] = MessageToDict(spans, use_integers_for_enums=True)
     for resource in document.get("resourceSpans", ()):
         for scope in resource.get("scopeSpans", ()):
             for span in scope.get("spans", ()):

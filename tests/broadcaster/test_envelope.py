@@ -18,8 +18,10 @@ from broadcaster.envelope import (
     SCHEMA_FILE,
     AgentStatus,
     StatusPayload,
+    UsagePayload,
     json_schema,
     parse_envelope,
+    run_usage,
     utc_timestamp,
     wire_int,
     wire_safe,
@@ -125,6 +127,15 @@ def test_schema_rejects_what_the_models_reject() -> None:
     bad = {"type": "agent.status", **BASE, "payload": {"status": "exploded"}}
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, json_schema())
+
+
+def test_a_runs_usage_is_its_steps_sum_else_what_its_final_status_reported() -> None:
+    steps = [UsagePayload(prompt=10, completion=2, total=12), UsagePayload(total=5)]
+    session = UsagePayload(prompt=100, completion=20, total=120)
+    assert run_usage(steps, session) == UsagePayload(prompt=10, completion=2, total=17)
+    # A framework that reports usage at the end only: its final status's.
+    assert run_usage([UsagePayload()], session) == session
+    assert run_usage([], None) is None
 
 
 # -- hostile numbers (issue 44) --------------------------------------------------------

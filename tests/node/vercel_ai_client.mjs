@@ -8,6 +8,9 @@
 //        node vercel_ai_client.mjs reconnect <api url (<path>)> <chatId>
 //          (DefaultChatTransport.reconnectToStream, what useChat's resumeStream() calls:
 //          prints {ok, none: true} when it answers null, "no active stream")
+//        node vercel_ai_client.mjs replay <api url> <JSON [[chatId, since], ...]>
+//          (reconnectToStream with Last-Event-ID: since, for each run: the run after
+//          that position, ended or not; prints {ok, results: [{chunks, errors, message}]})
 import {
   DefaultChatTransport,
   parseJsonEventStream,
@@ -35,26 +38,46 @@ async function request() {
 }
 
 async function reconnect() {
-  const transport = new DefaultChatTransport({ api: url });
-  const stream = await transport.reconnectToStream({ chatId });
+  const stream = await new DefaultChatTransport({ api: url }).reconnectToStream({ chatId });
   if (stream === null) return report({ ok: true, none: true });
+  const read = await readStream(stream);
+  report({ ok: read.errors.length === 0, none: false, ...read });
+}
+
+async function replay() {
+  const transport = new DefaultChatTransport({ api: url });
+  const results = await Promise.all(JSON.parse(chatId).map(async ([id, since]) => {
+    const headers = { "Last-Event-ID": since };
+    const stream = await transport.reconnectToStream({ chatId: id, headers });
+    return stream === null ? { chatId: id, none: true } : { chatId: id, ...(await readStream(stream)) };
+  }));
+  report({ ok: results.every((r) => !r.none), results });  // errors: a failed run's error part
+}
+
+async function readStream(stream) {
   const chunks = [];
   const [forChunks, forMessage] = stream.tee();
   for await (const chunk of forChunks) chunks.push(chunk);
   let message = null;
   const errors = [];
-  for await (const built of readUIMessageStream({
-    stream: forMessage,
-    terminateOnError: true,
-    onError: (error) => errors.push(String(error?.message ?? error)),
-  })) {
-    message = built;
+  try {
+    for await (const built of readUIMessageStream({
+      stream: forMessage,
+      terminateOnError: true,
+      onError: (error) => errors.push(String(error?.message ?? error)),
+    })) {
+      message = built;
+    }
+  } catch (error) {
+    // An `error` part ends the stream (a failed run): the message keeps what came before.
+    errors.push(String(error?.message ?? error));
   }
-  report({ ok: errors.length === 0, none: false, chunks, errors, message });
+  return { chunks, errors, message };
 }
 
 try {
   if (mode === "reconnect") await reconnect();
+  else if (mode === "replay") await replay();
   else await readResponse();
 } catch (error) {
   report({ ok: false, error: String(error?.stack ?? error) });

@@ -136,10 +136,10 @@ class NodeClient(NodeLines):
 
 
 async def run_node_script(
-    script: str, *args: str, package: str, what: str | None = None
+    script: str, *args: str, package: str, what: str | None = None, within: float = 30
 ) -> tuple[Record, str]:
-    """Run ``tests/node/<script>`` to its end: its last output line, as JSON, and what
-    it wrote to stderr."""
+    """Run ``tests/node/<script>`` to its end (within ``within`` seconds): its last output
+    line, as JSON, and what it wrote to stderr."""
     node = node_with(package, what)
     proc = await asyncio.create_subprocess_exec(
         node,
@@ -149,7 +149,12 @@ async def run_node_script(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), within)
+    finally:
+        if proc.returncode is None:  # timed out: not left running
+            proc.kill()
+            await proc.wait()
     assert out, f"no output from {script} (exit {proc.returncode}): {err.decode()}"
     result: Record = json.loads(out.decode().strip().splitlines()[-1])
     return result, err.decode()

@@ -5,15 +5,45 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
 from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import pytest
 from playwright.sync_api import Page, expect
 
+from tests.support.processes import IN_CI
+
 WAIT_MS = 20_000
+
+CHROMIUM = "/usr/bin/chromium"
+"""Debian's chromium: the only browser the tests drive (never a downloaded one)."""
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+if not os.environ.get("PLAYWRIGHT_BROWSERS_PATH"):
+    # Never let playwright look for (or fetch) a browser of its own.
+    os.environ["PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD"] = "1"
+
+
+def require_chromium() -> str:
+    """The chromium binary (else the test is skipped, or failed in CI)."""
+    if not os.access(CHROMIUM, os.X_OK):
+        message = f"{CHROMIUM} is not installed (scripts/install --test installs it)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return CHROMIUM
 
 
 def screenshot(page: Page, folder: Path, name: str) -> None:

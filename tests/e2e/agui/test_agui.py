@@ -13,7 +13,13 @@ import pytest
 from ag_ui.core import Event, EventType, RunAgentInput
 from pydantic import TypeAdapter
 
-from agent_core.app.agui import CONTINUATION_EVENT, AguiMapper, InvalidInput, run_request
+from agent_core.app.agui import (
+    CONTINUATION_EVENT,
+    ROUTING_EVENT,
+    AguiMapper,
+    InvalidInput,
+    run_request,
+)
 from broadcaster import envelope as env
 from tests.support.live import Client, LiveServer, StartServer, wait_for
 from tests.support.runs import read_run, subscribe
@@ -392,5 +398,22 @@ async def test_a_routed_run_streams_through_ag_ui(demo: LiveServer) -> None:
     assert response.status_code == 200
     assert kinds(events)[0] == "RUN_STARTED"
     assert kinds(events)[-1] == "RUN_FINISHED"
-    names = [name for _, name in tool_calls(events)]
-    assert names[:2] == ["intent_classifier", "summarize"]
+    # The capability is the run's tool call; the routing phases are phases, not calls.
+    assert [name for _, name in tool_calls(events)] == ["summarize"]
+    phases = [
+        (e.value["tool_name"], e.value["state"])
+        for e in events
+        if e.type == EventType.CUSTOM and e.name == ROUTING_EVENT
+    ]
+    assert phases == [
+        ("intent_classifier", "running"),
+        ("intent_classifier", "done"),
+        ("continuation_decider", "running"),
+        ("continuation_decider", "done"),
+        ("session_memory", "running"),
+        ("session_memory", "done"),
+    ]
+    # Its answer (the capability's) is a text message, so a chat shows a reply.
+    text = "".join(e.delta for e in events if e.type == EventType.TEXT_MESSAGE_CONTENT)
+    assert text
+    assert text == events[-1].result["last_response"]

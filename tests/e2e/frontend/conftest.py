@@ -3,50 +3,22 @@ downloaded browser), a demo server, and the artifacts folder for screenshots."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from tests.support.processes import (
-    IN_CI,
-    REPO,
-    ServerFactory,
-    ServerProcess,
-)
+from tests.support.pages import CHROMIUM_ARGS, require_chromium
+from tests.support.processes import REPO, ServerFactory, ServerProcess
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 ARTIFACTS = REPO / "artifacts" / "frontend"
-
-if not os.environ.get("PLAYWRIGHT_BROWSERS_PATH"):
-    # Never let playwright look for (or fetch) a browser of its own.
-    os.environ["PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD"] = "1"
-
-
-def _require_chromium() -> str:
-    if not os.access(CHROMIUM, os.X_OK):
-        message = f"{CHROMIUM} is not installed (scripts/install --test installs it)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
-    return CHROMIUM
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     """A headless chromium for the module's tests."""
-    executable = _require_chromium()
+    executable = require_chromium()
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(
             executable_path=executable, args=CHROMIUM_ARGS, headless=True

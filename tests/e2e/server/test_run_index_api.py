@@ -359,7 +359,8 @@ async def test_a_routed_run_is_listed_with_its_capability(start_server: StartSer
     ]
     assert len(nested) >= 10
     assert {e["payload"]["parent_execution_id"] for e in nested} == {started["execution_id"]}
-    assert (run["steps"], run["tool_calls"]) == (1, 4)  # classifier, capability, decider, memory
+    # One tool call, the capability's; the classifier, decider and memory are phases.
+    assert (run["steps"], run["tool_calls"], run["routing_phases"]) == (1, 1, 3)
 
 
 async def publish(node: Node, channel: str, execution_id: str, kind: str, **payload: Any) -> None:
