@@ -132,7 +132,7 @@ def hostile_state(execution_id: str) -> dict[str, Any]:
         "status": "failed",
         "step_count": 1,
         "usage": {"prompt": 1, "completion": 1, "total": 2},
-        "execution": {},
+        "execution": {"updated_at": "2026-01-01T00:00:00.000Z"},
         "steps": [
             {
                 "step_number": 1,
